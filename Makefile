@@ -1,0 +1,51 @@
+# The daily habits. `make demo` sets everything up and runs an example in the
+# hardened sandbox; `make test` runs the whole suite.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+DOCKER_UP ?= ../shared/ci/docker-up
+
+.PHONY: setup docker-up image demo test test-fast lint typecheck format bench clean
+
+$(BIN)/retool-exec: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev,server,bench]'
+	touch $@
+
+setup: $(BIN)/retool-exec
+
+docker-up:
+	@if docker info >/dev/null 2>&1; then echo "docker: daemon reachable"; \
+	elif [ -x "$(DOCKER_UP)" ] || [ -f "$(DOCKER_UP)" ]; then bash "$(DOCKER_UP)"; \
+	else bash images/docker-up.sh; fi
+
+image: setup docker-up
+	$(BIN)/retool-exec image build
+
+demo: setup docker-up image
+	$(BIN)/retool-exec doctor
+	$(BIN)/retool-exec run --backend docker 'import sympy as sp; x = sp.symbols("x"); print(sp.solve(x**2 - 2, x))'
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not docker and not slow"
+
+lint: setup
+	$(BIN)/ruff check retool_exec tests benchmarks
+	$(BIN)/ruff format --check retool_exec tests benchmarks
+
+format: setup
+	$(BIN)/ruff format retool_exec tests benchmarks
+	$(BIN)/ruff check --fix retool_exec tests benchmarks
+
+typecheck: setup
+	$(BIN)/mypy
+
+bench: setup docker-up
+	$(BIN)/retool-exec bench --backends local,docker
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,123 @@
+"""The result of one code call: the seed's six fields, plus what they could not say.
+
+``ExecResult(ok, stdout, stderr, returncode, timed_out, latency)`` is the
+contract training code already depends on, so those six fields keep their
+positions, types and meaning. Everything added has a default, so the seed's
+positional constructions still build and compare the same; the added
+``outcome`` separates cases the six fields blur together (an OOM kill and a
+segfault both look like a negative return code; a broken sandbox looks like a
+user error), so a trainer can drop infrastructure failures from the reward.
+"""
+
+from __future__ import annotations
+
+import enum
+import signal
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["ExecResult", "Outcome", "classify_exit"]
+
+
+class Outcome(enum.StrEnum):
+    """What happened to one call, in words a trainer can branch on."""
+
+    SUCCESS = "success"
+    """The code ran to the end and exited 0."""
+    ERROR = "error"
+    """The code exited non-zero (an uncaught exception, ``sys.exit(3)``, ...)."""
+    TIMEOUT = "timeout"
+    """The wall-clock limit passed and the process group was killed."""
+    OOM = "oom"
+    """The memory limit was hit and the kernel killed the code."""
+    CPU_LIMIT = "cpu_limit"
+    """The CPU-time limit (``RLIMIT_CPU``) was hit: killed by SIGXCPU."""
+    SIGNAL = "signal"
+    """Killed by another signal (a segfault, ``os.abort()``, ...)."""
+    SANDBOX_ERROR = "sandbox_error"
+    """The sandbox itself failed; the code's own behaviour is unknown."""
+    REJECTED = "rejected"
+    """The code was refused before running (for example: too large)."""
+
+
+class ExecResult(BaseModel):
+    """One code call's result. Immutable, JSON round-trips.
+
+    The first six fields are the seed's, positional as in the seed
+    (``ExecResult(True, "5\\n", "", 0, False, 0.03)``); the rest are keyword-only
+    with defaults.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    ok: bool
+    """``not timed_out and returncode == 0``."""
+    stdout: str
+    """Captured stdout after tail truncation (raw: not sanitized)."""
+    stderr: str
+    """Captured stderr after tail truncation (raw: not sanitized)."""
+    returncode: int | None
+    """Exit status, negative for a signal; None when killed for time or never run."""
+    timed_out: bool
+    """Killed because the wall-clock limit passed."""
+    latency: float
+    """Seconds from before waiting for a concurrency slot to the result."""
+    outcome: Outcome = Outcome.SUCCESS
+    """What happened; derived from the six fields when not given."""
+    stdout_dropped_chars: int = Field(default=0, ge=0)
+    """Characters of stdout that were cut away (the whole stream's, where seen)."""
+    stderr_dropped_chars: int = Field(default=0, ge=0)
+    """Characters of stderr that were cut away."""
+    backend: str = ""
+    """Name of the backend that ran the call (``"local"``, ``"docker"``, ...)."""
+    queue_wait: float = Field(default=0.0, ge=0.0)
+    """Seconds of ``latency`` spent waiting for a slot or a warm container."""
+    detail: str = ""
+    """For sandbox failures and rejections: what went wrong, for the operator."""
+
+    def __init__(self, *args: Any, **data: Any) -> None:
+        # The seed builds results positionally; pydantic models take keywords only.
+        if args:
+            names = list(_POSITIONAL)
+            if len(args) > len(names):
+                raise TypeError(f"ExecResult takes at most {len(names)} positional arguments")
+            for name, value in zip(names, args, strict=False):
+                if name in data:
+                    raise TypeError(f"ExecResult got multiple values for argument {name!r}")
+                data[name] = value
+        if "outcome" not in data and {"timed_out", "returncode"} <= data.keys():
+            data["outcome"] = classify_exit(data["returncode"], timed_out=bool(data["timed_out"]))
+        super().__init__(**data)
+
+    @property
+    def truncated(self) -> bool:
+        """Whether either stream lost characters to the output cap."""
+        return self.stdout_dropped_chars > 0 or self.stderr_dropped_chars > 0
+
+    @property
+    def infrastructure_failure(self) -> bool:
+        """True when the sandbox, not the code, failed: drop such samples from the reward."""
+        return self.outcome is Outcome.SANDBOX_ERROR
+
+
+_POSITIONAL = ("ok", "stdout", "stderr", "returncode", "timed_out", "latency")
+
+_SIGXCPU = int(getattr(signal, "SIGXCPU", 24))
+
+
+def classify_exit(returncode: int | None, *, timed_out: bool, oom: bool = False) -> Outcome:
+    """Map how a process ended to an Outcome (a pure function every backend shares)."""
+    if timed_out:
+        return Outcome.TIMEOUT
+    if oom:
+        return Outcome.OOM
+    if returncode is None:
+        return Outcome.SANDBOX_ERROR
+    if returncode == 0:
+        return Outcome.SUCCESS
+    if returncode == -_SIGXCPU:
+        return Outcome.CPU_LIMIT
+    if returncode < 0:
+        return Outcome.SIGNAL
+    return Outcome.ERROR

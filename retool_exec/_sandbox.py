@@ -1,0 +1,289 @@
+"""The Sandbox facade: the seed's LocalPythonSandbox API over any backend.
+
+    sandbox = Sandbox(backend="docker", timeout=30.0, max_workers=8)
+    results = await asyncio.gather(*(sandbox.arun_code(c) for c in codes))
+    text = sandbox.format_tool_content(results[0])
+    metrics.update(sandbox.stats.metrics())
+
+The backend runs on the sandbox's own event loop (see ``_portal``), so the
+same object works from sync code, from one event loop, or from a new
+``asyncio.run()`` every training step. ``latency`` is measured from the
+moment a call is submitted, so it includes waiting for a slot, as in the seed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Mapping
+from types import TracebackType
+from typing import Self
+
+from retool_exec._autoprint import add_auto_print
+from retool_exec._errors import ConfigError, SandboxClosedError
+from retool_exec._formatting import format_tool_content
+from retool_exec._models import ExecResult, Outcome
+from retool_exec._portal import LoopThread
+from retool_exec._stats import SandboxStats
+from retool_exec.backends.base import Backend, RunRequest
+from retool_exec.backends.config import BackendConfigBase, LocalConfig
+from retool_exec.backends.registry import resolve_backend
+
+__all__ = ["DEFAULT_MAX_CODE_CHARS", "LocalPythonSandbox", "Sandbox"]
+
+DEFAULT_MAX_CODE_CHARS = 16 * 1024 * 1024
+"""Code longer than this is rejected with an explicit result instead of run."""
+
+_MAX_TIMEOUT = 24 * 3600.0
+
+
+class Sandbox:
+    """Runs model-written code on a backend and keeps the seed's stats and formatting."""
+
+    def __init__(
+        self,
+        backend: str | BackendConfigBase | Backend = "local",
+        *,
+        timeout: float | None = None,
+        max_workers: int = 8,
+        auto_print: bool = False,
+        markers: Mapping[str, str] | None = None,
+        max_code_chars: int = DEFAULT_MAX_CODE_CHARS,
+    ) -> None:
+        if timeout is not None and not 0 < timeout <= _MAX_TIMEOUT:
+            raise ConfigError(f"timeout must be in (0, {_MAX_TIMEOUT:.0f}] seconds, got {timeout}")
+        if max_workers < 1:
+            raise ConfigError(f"max_workers must be at least 1, got {max_workers}")
+        if max_code_chars < 1:
+            raise ConfigError(f"max_code_chars must be at least 1, got {max_code_chars}")
+        self.backend, self.timeout = resolve_backend(backend, timeout=timeout)
+        self.max_workers = max_workers
+        self.auto_print = auto_print
+        self.markers = dict(markers) if markers is not None else None
+        self.max_code_chars = max_code_chars
+        self.stats = SandboxStats()
+        self._lock = threading.Lock()
+        self._portal: LoopThread | None = None
+        self._slots: asyncio.Semaphore | None = None
+        self._start_lock: asyncio.Lock | None = None
+        self._started = False
+        self._closed = False
+        atexit.register(_close_at_exit, weakref.ref(self))
+
+    # -- the seed's API ----------------------------------------------------
+
+    def run_code(self, code: str, *, timeout: float | None = None) -> ExecResult:
+        """Run ``code`` and wait for its result (from any thread).
+
+        ``timeout`` overrides the sandbox's limit for this call only.
+        """
+        submitted = time.perf_counter()
+        request_or_result = self._prepare(code, submitted, timeout)
+        if isinstance(request_or_result, ExecResult):
+            return request_or_result
+        portal = self._ensure_portal()
+        if portal.in_loop_thread:
+            raise RuntimeError("run_code() was called from the sandbox's own event loop")
+        future = portal.submit(self._run(request_or_result, submitted))
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()
+            raise
+
+    async def arun_code(self, code: str, *, timeout: float | None = None) -> ExecResult:  # noqa: ASYNC109 - a sandbox limit, not a cancel scope
+        """Run ``code`` without blocking the caller's event loop (any loop, any thread)."""
+        submitted = time.perf_counter()
+        request_or_result = self._prepare(code, submitted, timeout)
+        if isinstance(request_or_result, ExecResult):
+            return request_or_result
+        portal = self._ensure_portal()
+        return await asyncio.wrap_future(portal.submit(self._run(request_or_result, submitted)))
+
+    def format_tool_content(self, result: ExecResult) -> str:
+        """The observation for ``result`` with this sandbox's timeout and markers."""
+        return format_tool_content(result, timeout=self.timeout, markers=self.markers)
+
+    # -- batches -------------------------------------------------------------
+
+    def run_many(self, codes: Iterable[str]) -> list[ExecResult]:
+        """Run every code, at most ``max_workers`` at once; results in input order."""
+        portal = self._ensure_portal()
+        if portal.in_loop_thread:
+            raise RuntimeError("run_many() was called from the sandbox's own event loop")
+        future = portal.submit(self._gather(list(codes)))
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()
+            raise
+
+    async def arun_many(self, codes: Iterable[str]) -> list[ExecResult]:
+        """Async ``run_many``."""
+        portal = self._ensure_portal()
+        return await asyncio.wrap_future(portal.submit(self._gather(list(codes))))
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the backend now (warm containers) instead of on the first call."""
+        self._ensure_portal().submit(self._ensure_started()).result()
+
+    async def astart(self) -> None:
+        """Async ``start``."""
+        await asyncio.wrap_future(self._ensure_portal().submit(self._ensure_started()))
+
+    def close(self) -> None:
+        """Close the backend (removing its processes/containers) and stop the loop. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            portal, self._portal = self._portal, None
+        if portal is None:
+            return
+        try:
+            if not portal.in_loop_thread:
+                portal.submit(self.backend.close()).result()
+        finally:
+            portal.stop()
+
+    async def aclose(self) -> None:
+        """Async ``close``."""
+        await asyncio.to_thread(self.close)
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` was called."""
+        return self._closed
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(backend={self.backend.name!r}, timeout={self.timeout}, "
+            f"max_workers={self.max_workers})"
+        )
+
+    # -- internals ---------------------------------------------------------------
+
+    def _prepare(
+        self, code: object, submitted: float, timeout: float | None = None
+    ) -> RunRequest | ExecResult:
+        """Validate input in the caller's thread: a bad type raises, bad content is a result."""
+        if not isinstance(code, str):
+            raise TypeError(f"code must be str, not {type(code).__name__}")
+        if timeout is not None and not 0 < timeout <= _MAX_TIMEOUT:
+            raise ConfigError(f"timeout must be in (0, {_MAX_TIMEOUT:.0f}] seconds, got {timeout}")
+        if self._closed:
+            raise SandboxClosedError("this sandbox is closed")
+        if len(code) > self.max_code_chars:
+            result = ExecResult(
+                ok=False,
+                stdout="",
+                stderr=(
+                    f"Error: the code is {len(code)} characters long; "
+                    f"the limit is {self.max_code_chars}."
+                ),
+                returncode=None,
+                timed_out=False,
+                latency=time.perf_counter() - submitted,
+                outcome=Outcome.REJECTED,
+                backend=self.backend.name,
+                detail="code too large",
+            )
+            self.stats.record(result)
+            return result
+        if self.auto_print:
+            code = add_auto_print(code)
+        return RunRequest(code=code, timeout=self.timeout if timeout is None else timeout)
+
+    def _ensure_portal(self) -> LoopThread:
+        with self._lock:
+            if self._closed:
+                raise SandboxClosedError("this sandbox is closed")
+            if self._portal is None:
+                self._portal = LoopThread(name=f"retool-exec-{self.backend.name}")
+            return self._portal
+
+    async def _ensure_started(self) -> None:
+        if self._started:
+            return
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:
+            if not self._started:
+                await self.backend.start()
+                self._started = True
+
+    async def _run(self, request: RunRequest, submitted: float) -> ExecResult:
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.max_workers)
+        async with self._slots:
+            slot_wait = time.perf_counter() - submitted
+            await self._ensure_started()
+            result = await self.backend.run(request)
+        result = result.model_copy(
+            update={
+                "latency": time.perf_counter() - submitted,
+                "queue_wait": slot_wait + result.queue_wait,
+            }
+        )
+        self.stats.record(result)
+        return result
+
+    async def _gather(self, codes: list[str]) -> list[ExecResult]:
+        submitted = time.perf_counter()
+        prepared = [self._prepare(code, submitted) for code in codes]
+
+        async def one(item: RunRequest | ExecResult) -> ExecResult:
+            if isinstance(item, ExecResult):
+                return item
+            return await self._run(item, submitted)
+
+        return list(await asyncio.gather(*(one(item) for item in prepared)))
+
+
+class LocalPythonSandbox(Sandbox):
+    """Drop-in for the seed's class: same constructor, local subprocess backend.
+
+    NOT a security boundary (see ``retool_exec.backends.local``).
+    """
+
+    def __init__(
+        self, timeout: float = 30.0, max_workers: int = 8, python: str = sys.executable
+    ) -> None:
+        super().__init__(
+            LocalConfig(python=python, timeout=timeout), timeout=timeout, max_workers=max_workers
+        )
+        self.python = python
+
+
+def _close_at_exit(ref: weakref.ref[Sandbox]) -> None:
+    sandbox = ref()
+    if sandbox is not None:
+        sandbox.close()

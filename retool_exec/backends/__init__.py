@@ -1,0 +1,1 @@
+"""Where code runs: one module per backend, one config model per backend."""

@@ -1,0 +1,147 @@
+"""One pydantic config model per backend, told apart by ``kind``.
+
+Configs are plain data: validated, JSON-serialisable, ``extra="forbid"`` so a
+typo is an error, not a silently ignored option. ``build()`` imports the
+backend module only when asked, so ``import retool_exec`` never imports
+docker-py's machinery for a user of the local backend.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import TYPE_CHECKING, Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from retool_exec._formatting import DEFAULT_TIMEOUT, MAX_OUTPUT_CHARS
+
+if TYPE_CHECKING:
+    from retool_exec.backends.base import Backend
+
+__all__ = ["AnyBackendConfig", "BackendConfigBase", "DockerConfig", "FakeConfig", "LocalConfig"]
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Names the sandbox sets itself; a user-supplied value must not override them.
+_RESERVED_ENV = frozenset({"PATH", "HOME", "LANG", "PYTHONDONTWRITEBYTECODE", "HOSTNAME"})
+
+
+class BackendConfigBase(BaseModel):
+    """Fields every backend understands."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    timeout: float = Field(default=DEFAULT_TIMEOUT, gt=0, le=24 * 3600)
+    """Default wall-clock seconds per call (a Sandbox's own ``timeout`` wins)."""
+    max_output_chars: int = Field(default=MAX_OUTPUT_CHARS, ge=0, le=1 << 20)
+    """Characters of each stream's tail kept in a result."""
+
+    def build(self) -> Backend:
+        """Create the backend this config describes."""
+        raise NotImplementedError
+
+
+class LocalConfig(BackendConfigBase):
+    """The seed's local subprocess executor. NOT a security boundary."""
+
+    kind: Literal["local"] = "local"
+    python: str = Field(default=sys.executable, min_length=1)
+    """Interpreter to run, as in the seed (``sys.executable`` by default)."""
+    inherit_env: bool = True
+    """Copy the host environment into the child, as the seed does (secrets included)."""
+
+    def build(self) -> Backend:
+        from retool_exec.backends.local import LocalSubprocessBackend
+
+        return LocalSubprocessBackend(self)
+
+
+class FakeConfig(BackendConfigBase):
+    """A backend that runs nothing and answers with fixed values: for your own tests."""
+
+    kind: Literal["fake"] = "fake"
+    stdout: str = ""
+    stderr: str = ""
+    returncode: int | None = 0
+    timed_out: bool = False
+    delay: float = Field(default=0.0, ge=0.0)
+    """Seconds each call takes (``asyncio.sleep``), to exercise concurrency."""
+
+    def build(self) -> Backend:
+        from retool_exec.backends.fake import FakeBackend
+
+        return FakeBackend.from_config(self)
+
+
+class DockerConfig(BackendConfigBase):
+    """Hardened containers with warm pools; see docs/security.md for every setting's reason."""
+
+    kind: Literal["docker"] = "docker"
+    policy: Literal["fresh", "reuse"] = "reuse"
+    """``fresh``: a container serves one call and is destroyed. ``reuse``: up to
+    ``max_calls_per_container`` calls, with a verified reset between calls."""
+    pool_size: int = Field(default=4, ge=1, le=256)
+    """Warm containers kept ready (and the most that exist at once)."""
+    max_calls_per_container: int = Field(default=200, ge=1)
+    """``reuse`` only: calls a container serves before it is retired."""
+    runtime: str | None = None
+    """OCI runtime, e.g. ``"runsc"`` for gVisor; None uses the daemon's default (runc)."""
+    image: str | None = None
+    """Image to run; None uses the content-addressed tag of the bundled image."""
+    auto_build: bool = True
+    """Build the bundled image when it is missing (takes a minute or two, once)."""
+    memory_mb: int = Field(default=1024, ge=32, le=1 << 20)
+    """Memory limit; swap is the same number, so there is no swap."""
+    pids: int = Field(default=128, ge=8, le=65536)
+    """Most processes and threads alive at once in a container."""
+    cpus: float = Field(default=1.0, gt=0, le=256)
+    """CPU share (``nano_cpus``)."""
+    tmpfs_mb: int = Field(default=64, ge=1, le=1 << 16)
+    """Size of the writable ``/tmp`` (a RAM-backed tmpfs, counted in the memory limit)."""
+    tmpfs_inodes: int = Field(default=8192, ge=16)
+    """Most files and directories in ``/tmp``."""
+    shm_mb: int = Field(default=16, ge=1, le=1 << 16)
+    """Size of ``/dev/shm``."""
+    nofile: int = Field(default=256, ge=16, le=1 << 20)
+    """Most open file descriptors per process."""
+    fsize_mb: int = Field(default=64, ge=1, le=1 << 20)
+    """Largest file a call may write."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment variables; nothing is ever copied from the host."""
+    preload: tuple[str, ...] = ("numpy", "sympy", "scipy", "mpmath")
+    """Modules the in-container zygote imports once, before forking each call."""
+    start_timeout: float = Field(default=60.0, gt=0)
+    """Seconds a new container may take to report ready."""
+    host_grace: float = Field(default=2.0, gt=0, le=60)
+    """Seconds past a call's timeout before the host kills a silent container."""
+    docker_host: str | None = None
+    """Daemon address; None reads ``DOCKER_HOST`` or uses the default socket."""
+
+    @field_validator("env")
+    @classmethod
+    def _env_is_clean(cls, env: dict[str, str]) -> dict[str, str]:
+        for name, value in env.items():
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"environment variable name {name!r} is not a valid identifier")
+            if name in _RESERVED_ENV:
+                raise ValueError(f"environment variable {name!r} is set by the sandbox itself")
+            if "\x00" in value:
+                raise ValueError(f"environment variable {name!r} contains a NUL byte")
+        return env
+
+    @field_validator("preload")
+    @classmethod
+    def _preload_are_module_names(cls, modules: tuple[str, ...]) -> tuple[str, ...]:
+        for module in modules:
+            if not all(part.isidentifier() for part in module.split(".")):
+                raise ValueError(f"preload entry {module!r} is not a module name")
+        return modules
+
+    def build(self) -> Backend:
+        from retool_exec.backends.docker.backend import DockerBackend
+
+        return DockerBackend(self)
+
+
+AnyBackendConfig = Annotated[LocalConfig | DockerConfig | FakeConfig, Field(discriminator="kind")]
+"""Any built-in backend config, chosen by its ``kind`` field when parsed from data."""

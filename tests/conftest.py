@@ -1,0 +1,93 @@
+"""Shared fixtures: one sandbox per backend configuration, reused across tests.
+
+Docker-backed configurations need a daemon and the sandbox image. Without a
+daemon they are skipped on a developer's machine, but with
+``RETOOL_EXEC_REQUIRE_DOCKER=1`` (set by CI) a missing daemon is a failure:
+a skipped security test proves nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from retool_exec import DockerConfig, LocalConfig, Sandbox
+
+REQUIRE_DOCKER = os.environ.get("RETOOL_EXEC_REQUIRE_DOCKER") == "1"
+TEST_LABEL = "org.retool_exec.test"
+
+# name -> config; the docker ones are filled in by tests/docker_support.py.
+BACKEND_IDS = ["local"]  # docker-fresh, docker-reuse, docker-runsc join with the Docker backend
+
+
+def backend_config(backend_id: str, *, timeout: float = 10.0) -> LocalConfig | DockerConfig:
+    """The config behind each backend id used to parametrize the shared tests."""
+    if backend_id == "local":
+        return LocalConfig(timeout=timeout)
+    if backend_id == "docker-fresh":
+        return DockerConfig(timeout=timeout, policy="fresh", pool_size=2, preload=("numpy",))
+    if backend_id == "docker-reuse":
+        return DockerConfig(timeout=timeout, policy="reuse", pool_size=2)
+    if backend_id == "docker-runsc":
+        return DockerConfig(timeout=timeout, policy="reuse", pool_size=2, runtime="runsc")
+    raise ValueError(backend_id)
+
+
+def docker_available() -> str | None:
+    """None when a Docker daemon answers, else why not."""
+    try:
+        import docker
+
+        client = docker.from_env(timeout=10)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except Exception as exc:
+        return f"no Docker daemon: {exc}"
+    return None
+
+
+def require_docker() -> None:
+    """Skip (or, in CI, fail) when Docker is unreachable."""
+    reason = docker_available()
+    if reason is None:
+        return
+    if REQUIRE_DOCKER:
+        pytest.fail(f"RETOOL_EXEC_REQUIRE_DOCKER=1 but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def _backend_params() -> list[object]:
+    return [
+        pytest.param(bid, id=bid, marks=[] if bid == "local" else [pytest.mark.docker])
+        for bid in BACKEND_IDS
+    ]
+
+
+@pytest.fixture(scope="session", params=_backend_params())
+def backend_id(request: pytest.FixtureRequest) -> str:
+    bid: str = request.param
+    if bid != "local":
+        require_docker()
+    return bid
+
+
+@pytest.fixture(scope="session")
+def _sandboxes() -> Iterator[dict[str, Sandbox]]:
+    sandboxes: dict[str, Sandbox] = {}
+    yield sandboxes
+    for sandbox in sandboxes.values():
+        sandbox.close()
+
+
+@pytest.fixture()
+def sandbox(backend_id: str, _sandboxes: dict[str, Sandbox]) -> Sandbox:
+    """A started sandbox (timeout 10 s) for the backend under test, shared per session."""
+    if backend_id not in _sandboxes:
+        sb = Sandbox(backend_config(backend_id), max_workers=16)
+        sb.start()
+        _sandboxes[backend_id] = sb
+    return _sandboxes[backend_id]
