@@ -21,7 +21,7 @@ docker-up:
 	else bash images/docker-up.sh; fi
 
 image: setup docker-up
-	$(BIN)/retool-exec image build
+	$(BIN)/retool-exec image build --install-tools
 
 demo: setup docker-up image
 	$(BIN)/retool-exec doctor

@@ -19,7 +19,8 @@ REQUIRE_DOCKER = os.environ.get("RETOOL_EXEC_REQUIRE_DOCKER") == "1"
 TEST_LABEL = "org.retool_exec.test"
 
 # name -> config; the docker ones are filled in by tests/docker_support.py.
-BACKEND_IDS = ["local"]  # docker-fresh, docker-reuse, docker-runsc join with the Docker backend
+BACKEND_IDS = ["local", "docker-fresh", "docker-reuse", "docker-runsc"]
+LABELS = {TEST_LABEL: "1"}
 
 
 def backend_config(backend_id: str, *, timeout: float = 10.0) -> LocalConfig | DockerConfig:
@@ -27,11 +28,13 @@ def backend_config(backend_id: str, *, timeout: float = 10.0) -> LocalConfig | D
     if backend_id == "local":
         return LocalConfig(timeout=timeout)
     if backend_id == "docker-fresh":
-        return DockerConfig(timeout=timeout, policy="fresh", pool_size=2, preload=("numpy",))
+        return DockerConfig(timeout=timeout, policy="fresh", pool_size=4, labels=LABELS)
     if backend_id == "docker-reuse":
-        return DockerConfig(timeout=timeout, policy="reuse", pool_size=2)
+        return DockerConfig(timeout=timeout, policy="reuse", pool_size=2, labels=LABELS)
     if backend_id == "docker-runsc":
-        return DockerConfig(timeout=timeout, policy="reuse", pool_size=2, runtime="runsc")
+        return DockerConfig(
+            timeout=timeout, policy="reuse", pool_size=2, runtime="runsc", labels=LABELS
+        )
     raise ValueError(backend_id)
 
 
@@ -75,12 +78,45 @@ def backend_id(request: pytest.FixtureRequest) -> str:
     return bid
 
 
+def test_containers() -> list[str]:
+    """Ids of containers carrying the test label (any state)."""
+    import docker
+
+    client = docker.from_env()
+    try:
+        return [c["Id"] for c in client.api.containers(all=True, filters={"label": TEST_LABEL})]
+    finally:
+        client.close()
+
+
+def remove_test_containers() -> None:
+    import docker
+
+    client = docker.from_env()
+    try:
+        for info in client.api.containers(all=True, filters={"label": TEST_LABEL}):
+            client.api.remove_container(info["Id"], force=True)
+    finally:
+        client.close()
+
+
 @pytest.fixture(scope="session")
 def _sandboxes() -> Iterator[dict[str, Sandbox]]:
     sandboxes: dict[str, Sandbox] = {}
     yield sandboxes
     for sandbox in sandboxes.values():
         sandbox.close()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Leave nothing behind: sweep labelled containers, and fail if any were left."""
+    if docker_available() is not None:
+        return
+    leftover = test_containers()
+    if leftover:
+        remove_test_containers()
+        print(f"\nERROR: {len(leftover)} test container(s) were left behind and removed now")
+        session.exitstatus = 1
 
 
 @pytest.fixture()

@@ -73,6 +73,9 @@ class FakeConfig(BackendConfigBase):
         return FakeBackend.from_config(self)
 
 
+REUSE_PRELOAD = ("numpy", "sympy", "scipy", "mpmath")
+
+
 class DockerConfig(BackendConfigBase):
     """Hardened containers with warm pools; see docs/security.md for every setting's reason."""
 
@@ -108,14 +111,19 @@ class DockerConfig(BackendConfigBase):
     """Largest file a call may write."""
     env: dict[str, str] = Field(default_factory=dict)
     """Extra environment variables; nothing is ever copied from the host."""
-    preload: tuple[str, ...] = ("numpy", "sympy", "scipy", "mpmath")
-    """Modules the in-container zygote imports once, before forking each call."""
+    preload: tuple[str, ...] | None = None
+    """Modules the in-container zygote imports (and warms up) once, before forking each
+    call. None picks by policy: ``reuse`` preloads numpy, sympy, scipy and mpmath (paid
+    once per container, saved on every call); ``fresh`` preloads nothing, because a
+    container serves one call and a lighter start keeps the pool full."""
     start_timeout: float = Field(default=60.0, gt=0)
     """Seconds a new container may take to report ready."""
     host_grace: float = Field(default=2.0, gt=0, le=60)
     """Seconds past a call's timeout before the host kills a silent container."""
     docker_host: str | None = None
     """Daemon address; None reads ``DOCKER_HOST`` or uses the default socket."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Extra container labels (e.g. to find a test's containers); ours cannot be overridden."""
 
     @field_validator("env")
     @classmethod
@@ -129,10 +137,25 @@ class DockerConfig(BackendConfigBase):
                 raise ValueError(f"environment variable {name!r} contains a NUL byte")
         return env
 
+    @field_validator("labels")
+    @classmethod
+    def _labels_are_not_ours(cls, labels: dict[str, str]) -> dict[str, str]:
+        for key in labels:
+            if key.startswith("org.retool_exec.") and key != "org.retool_exec.test":
+                raise ValueError(f"label {key!r} is reserved for retool_exec's own bookkeeping")
+        return labels
+
+    @property
+    def preload_modules(self) -> tuple[str, ...]:
+        """The modules actually preloaded (``preload``, or the policy's default)."""
+        if self.preload is not None:
+            return self.preload
+        return REUSE_PRELOAD if self.policy == "reuse" else ()
+
     @field_validator("preload")
     @classmethod
-    def _preload_are_module_names(cls, modules: tuple[str, ...]) -> tuple[str, ...]:
-        for module in modules:
+    def _preload_are_module_names(cls, modules: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        for module in modules or ():
             if not all(part.isidentifier() for part in module.split(".")):
                 raise ValueError(f"preload entry {module!r} is not a module name")
         return modules

@@ -6,8 +6,13 @@ docker+runsc through the ``sandbox`` fixture (see conftest.py).
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import contextlib
+import os
+import signal
 import time
+import uuid
 
 import pytest
 
@@ -108,22 +113,41 @@ class TestBackendContract:
         assert result.timed_out
         assert result.stdout == "started\n"
 
-    def test_background_process_does_not_outlive_the_call(self, sandbox: Sandbox) -> None:
+    @pytest.mark.parametrize("new_session", [False, True], ids=["same-group", "setsid"])
+    def test_background_process_does_not_outlive_the_call(
+        self, sandbox: Sandbox, backend_id: str, new_session: bool, request: pytest.FixtureRequest
+    ) -> None:
+        if backend_id == "local" and new_session:
+            # A plain subprocess cannot catch a process that left its session;
+            # the containers can (kill(-1) from the agent). Shown, not hidden.
+            request.applymarker(pytest.mark.xfail(strict=True, reason="local is not isolated"))
+        token = f"retool-bg-{uuid.uuid4().hex}"
         first = sandbox.run_code(
             "import subprocess, sys\n"
-            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
-            "print(p.pid)"
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', "
+            f"{token!r}], start_new_session={new_session})\n"
+            "print('started')"
         )
-        assert first.ok, first
-        pid = int(first.stdout)
+        assert first.stdout == "started\n", first
         time.sleep(0.3)
         probe = sandbox.run_code(
             "import os\n"
-            f"try:\n    os.kill({pid}, 0)\nexcept ProcessLookupError:\n    print('gone')\n"
-            "else:\n"
-            f"    print(open('/proc/{pid}/stat').read().split()[2])"
+            "alive = []\n"
+            "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+            "    try:\n"
+            "        cmd = open(f'/proc/{pid}/cmdline', 'rb').read()\n"
+            "        state = open(f'/proc/{pid}/stat').read().rpartition(')')[2].split()[0]\n"
+            "    except OSError:\n"
+            "        continue\n"
+            f"    if {token.encode()!r} in cmd and state != 'Z':\n"
+            "        alive.append(pid)\n"
+            "print(alive)"
         )
-        assert probe.stdout in ("gone\n", "Z\n"), probe
+        if backend_id == "local":  # the host's own processes: never leave one behind
+            for pid in ast.literal_eval(probe.stdout or "[]"):
+                with contextlib.suppress(OSError):
+                    os.kill(int(pid), signal.SIGKILL)
+        assert probe.stdout == "[]\n", probe
 
     def test_nul_byte_in_code_gives_an_explicit_error(self, sandbox: Sandbox) -> None:
         result = sandbox.run_code("print(1)\x00")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pydantic
+import pydantic_core
 import pytest
 from hypothesis import given, settings
 
@@ -105,7 +106,7 @@ def test_truncated_property() -> None:
 def test_frozen_assignment_raises() -> None:
     r = ExecResult(True, "5\n", "", 0, False, 0.03)
     with pytest.raises(pydantic.ValidationError):
-        r.stdout = "changed"  # type: ignore[misc]
+        r.stdout = "changed"
     assert r.stdout == "5\n"
 
 
@@ -117,7 +118,7 @@ def test_hashable_because_frozen() -> None:
 
 def test_too_many_positional_arguments_raise_type_error() -> None:
     with pytest.raises(TypeError):
-        ExecResult(True, "5\n", "", 0, False, 0.03, Outcome.SUCCESS)  # type: ignore[call-arg]
+        ExecResult(True, "5\n", "", 0, False, 0.03, Outcome.SUCCESS)
 
 
 def test_positional_and_keyword_for_same_field_raise_type_error() -> None:
@@ -127,7 +128,7 @@ def test_positional_and_keyword_for_same_field_raise_type_error() -> None:
 
 def test_extra_fields_are_forbidden() -> None:
     with pytest.raises(pydantic.ValidationError):
-        ExecResult(True, "5\n", "", 0, False, 0.03, exit_code=0)  # type: ignore[call-arg]
+        ExecResult(True, "5\n", "", 0, False, 0.03, exit_code=0)
 
 
 def test_negative_dropped_chars_rejected() -> None:
@@ -147,7 +148,7 @@ def test_canonical_values_round_trip_through_json() -> None:
 def test_lone_surrogates_do_not_serialize_to_json() -> None:
     # Why tests/strategies.py excludes category Cs from JSON text.
     r = ExecResult(True, "\ud800", "", 0, False, 0.03)
-    with pytest.raises(pydantic.PydanticSerializationError):
+    with pytest.raises(pydantic_core.PydanticSerializationError):
         r.model_dump_json()
 
 

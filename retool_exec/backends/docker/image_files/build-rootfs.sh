@@ -20,8 +20,10 @@
 #
 # What the image holds: `mmdebstrap --variant=essential` (the Essential:yes
 # set: dpkg, coreutils, bash, ... but no apt) plus the packages listed, their
-# hard dependencies only (no Recommends). Then the customize hook below: the
-# agent, no setuid/setgid bit anywhere, no docs/man pages/locales/apt caches.
+# hard dependencies only (no Recommends). /usr is merged the way Debian's own
+# images do it (usr-is-merged, not the usrmerge package, which needs perl).
+# Then the customize hook below: the agent, no setuid/setgid bit anywhere, no
+# docs/man pages/locales/apt caches/test suites.
 set -euo pipefail
 
 SUITE=bookworm
@@ -47,8 +49,11 @@ customize() {
   install -d -m 0755 -o 0 -g 0 "$root/opt" "$root/opt/retool_exec"
   install -m 0644 -o 0 -g 0 "$agent" "$root/opt/retool_exec/agent.py"
 
-  # No setuid/setgid program (su, newgrp, unix_chkpwd in the Essential set).
+  # No setuid/setgid program (su, newgrp, unix_chkpwd in the Essential set),
+  # and no setgid directory either (/var/mail, /var/local), so that an audit
+  # with `find / -xdev -perm /6000` comes back empty.
   find "$root" -xdev -perm /6000 -type f -exec chmod ug-s {} +
+  find "$root" -xdev -perm /6000 -type d -exec chmod ug-s {} +
 
   # Nothing that only apt, a human reader or another language needs.
   # (dpkg's path-exclude options already kept most of it out; this is the rest.)
@@ -66,6 +71,11 @@ customize() {
   fi
   find "$root/var/log" -type f -delete
 
+  # The packages' own test suites (~100 MB of numpy/scipy/sympy/mpmath):
+  # nothing imports them at run time.
+  find "$root/usr/lib/python3/dist-packages" -mindepth 2 -depth -type d \
+    -name tests -exec rm -rf {} +
+
   # /tmp is a tmpfs at run time; it must exist as a mount point.
   rm -rf "$root/tmp"
   install -d -m 1777 -o 0 -g 0 "$root/tmp"
@@ -78,7 +88,7 @@ customize() {
 
   # Refuse to produce an image that breaks the promises above.
   local left
-  left=$(find "$root" -xdev -perm /6000 -type f)
+  left=$(find "$root" -xdev -perm /6000)
   [ -z "$left" ] || die "setuid/setgid files left: $left"
   local stub list
   for stub in "${STUB_PACKAGES[@]}"; do
@@ -98,13 +108,17 @@ fi
 
 # ---------------------------------------------------------------------------
 # Build.
-[ $# -ge 2 ] && [ $# -le 3 ] || die "usage: $0 OUT.tar AGENT.py [PACKAGES.txt]"
+if [ $# -lt 2 ] || [ $# -gt 3 ]; then
+  die "usage: $0 OUT.tar AGENT.py [PACKAGES.txt]"
+fi
 self=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
 out=$1
+if [ ! -f "$2" ] || [ ! -r "$2" ]; then
+  die "agent file not readable: $2"
+fi
 agent=$(realpath "$2")
 packages_file=${3:-$(dirname "$self")/packages.txt}
 
-[ -f "$agent" ] && [ -r "$agent" ] || die "agent file not readable: $agent"
 [ -r "$packages_file" ] || die "package list not readable: $packages_file"
 command -v mmdebstrap >/dev/null || die "mmdebstrap not found: apt-get install -y mmdebstrap"
 command -v dpkg-deb >/dev/null || die "dpkg-deb not found: apt-get install -y dpkg"
@@ -118,12 +132,13 @@ read -r -a packages <<<"$(sed -e 's/#.*//' "$packages_file" | tr -s '[:space:]' 
 mirrors=()
 if [ -n "${RETOOL_EXEC_MIRRORS:-}" ]; then
   while IFS= read -r line; do
-    [ -n "${line// /}" ] && mirrors+=("$line")
+    if [ -n "${line// /}" ]; then mirrors+=("$line"); fi
   done <<<"$RETOOL_EXEC_MIRRORS"
 else
   while read -r uri suite; do
     mirrors+=("deb $uri $suite main")
   done < <(
+    # shellcheck disable=SC2016 # apt's own $(FIELD) syntax, not the shell's
     apt-get indextargets --format '$(REPO_URI) $(RELEASE) $(COMPONENT) $(ORIGIN)' \
       'Identifier: Packages' 2>/dev/null \
       | awk -v s="$SUITE" '
@@ -144,7 +159,7 @@ aptopts=()
 for key in Acquire::http::Proxy Acquire::https::Proxy Acquire::Check-Valid-Until Acquire::Check-Date; do
   value=
   eval "$(apt-config shell value "$key")"
-  [ -n "$value" ] && aptopts+=("--aptopt=$key \"$value\";")
+  if [ -n "$value" ]; then aptopts+=("--aptopt=$key \"$value\";"); fi
 done
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/retool-exec-rootfs.XXXXXX")
@@ -171,6 +186,7 @@ EOF
   stub_args+=("--include=$work/${stub}_stub_all.deb")
 done
 
+# shellcheck disable=SC2016 # "$1" is for the hook's shell: mmdebstrap passes the root there
 hook=$(printf '%q --customize-hook "$1" %q' "$self" "$agent")
 
 set -x
@@ -179,6 +195,7 @@ mmdebstrap \
   --format=tar \
   --include="$(IFS=,; echo "${packages[*]}")" \
   "${stub_args[@]}" \
+  --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
   --hook-dir=/usr/share/mmdebstrap/hooks/file-mirror-automount \
   --dpkgopt='force-unsafe-io' \
   --dpkgopt='path-exclude=/usr/share/man/*' \

@@ -1,0 +1,659 @@
+"""The in-container agent: PID 1 of every sandbox container. Standard library only.
+
+It runs INSIDE the container (``/opt/retool_exec/agent.py``), so it must not
+import anything from retool_exec: the image copies this one file.
+
+Protocol: length-prefixed JSON frames (4-byte big-endian length, then UTF-8
+JSON) read from fd 0 and written to fd 1, which Docker connects to the host
+over the container's attach stream. No ``docker exec``, no mounts, no sockets.
+
+    agent -> host  {"type": "ready", "python": ..., "preloaded": [...], "failed": {...}}
+    host  -> agent {"type": "run", "id": n, "code": str, "timeout": s, "cpu_seconds": n,
+                    "read_cap": bytes, "reset": bool}
+    agent -> host  {"type": "result", "id": n, "returncode": n|null, "timed_out": b,
+                    "oom": b, "stdout": str, "stdout_dropped": n, "stderr": ..., "duration": s}
+    agent -> host  {"type": "reset", "id": n, "clean": b, "reason": str}   (when asked)
+    host  -> agent {"type": "ping"}  ->  {"type": "pong"}
+
+Why it is built this way:
+- It is a zygote: modules are imported once, and each call runs in a
+  ``fork()`` of that interpreter, skipping Python start-up and imports.
+- It makes itself non-dumpable, so code of the same uid can neither ptrace it
+  nor open ``/proc/1/fd/*`` (which are the attach stream). As PID 1 of the pid
+  namespace it cannot be killed from inside by SIGKILL, and it ignores the
+  signals that would otherwise stop it.
+- The child gets a new session, ``/dev/null`` on stdin, fresh pipes on
+  stdout/stderr and no other descriptor, rlimits, ``oom_score_adj`` 1000 (so the
+  kernel's OOM killer picks it, not the agent) and freshly seeded generators.
+- Output is drained while produced and only a tail is kept, so a flood cannot
+  fill memory or block. At the wall-clock limit, and after every call,
+  ``kill(-1, SIGKILL)`` ends every other process in the container, including
+  ones that left the session; then all zombies are reaped.
+- After a call, when asked, it empties ``/tmp``, ``/dev/shm``, POSIX message
+  queues and SysV IPC objects and then *verifies* the container is clean; the
+  host retires the container on any doubt.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import io
+import json
+import os
+import random
+import resource
+import select
+import signal
+import struct
+import sys
+import threading
+import time
+import traceback  # noqa: F401 - preloaded so a child's traceback costs no import
+import types
+from typing import Any
+
+MAX_FRAME = 64 * 1024 * 1024
+STATUS_FD = 3
+REQUEST_FD = 4
+CHUNK = 1 << 16
+SCRATCH_DIRS = ("/tmp", "/dev/shm")
+MQUEUE_DIR = "/dev/mqueue"
+OOM_COUNTERS = (
+    "/sys/fs/cgroup/memory.events",  # cgroup v2
+    "/sys/fs/cgroup/memory/memory.oom_control",  # cgroup v1
+)
+PR_SET_DUMPABLE = 4
+IPC_RMID = 0
+IGNORED_SIGNALS = (
+    "SIGINT",
+    "SIGTERM",
+    "SIGHUP",
+    "SIGQUIT",
+    "SIGUSR1",
+    "SIGUSR2",
+    "SIGTSTP",
+    "SIGTTIN",
+    "SIGTTOU",
+    "SIGALRM",
+    "SIGVTALRM",
+    "SIGPROF",
+    "SIGXCPU",
+    "SIGXFSZ",
+)
+_CONTINUATION = bytes(range(0x80, 0xC0))
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+# -- framing -------------------------------------------------------------------
+
+
+def read_exact(fd: int, size: int) -> bytes:
+    chunks = []
+    while size:
+        data = os.read(fd, min(size, CHUNK))
+        if not data:
+            raise EOFError("host closed the stream")
+        chunks.append(data)
+        size -= len(data)
+    return b"".join(chunks)
+
+
+def read_frame(fd: int) -> dict[str, Any]:
+    (length,) = struct.unpack(">I", read_exact(fd, 4))
+    if length > MAX_FRAME:
+        raise ValueError(f"frame of {length} bytes exceeds {MAX_FRAME}")
+    message = json.loads(read_exact(fd, length).decode("utf-8"))
+    if not isinstance(message, dict):
+        raise ValueError("frame is not a JSON object")
+    return message
+
+
+def write_frame(fd: int, message: dict[str, Any]) -> None:
+    payload = json.dumps(message, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+    data = struct.pack(">I", len(payload)) + payload
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+# -- output capture --------------------------------------------------------------
+
+
+class Tail:
+    """Last ``cap`` bytes of a stream plus the characters that fell off the front."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.buf = bytearray()
+        self.dropped = 0
+
+    def feed(self, data: bytes) -> None:
+        self.buf += data
+        excess = len(self.buf) - self.cap
+        if excess > 0:
+            self.dropped += len(bytes(self.buf[:excess]).translate(None, _CONTINUATION))
+            del self.buf[:excess]
+
+    def text(self) -> str:
+        return bytes(self.buf).decode("utf-8", errors="replace")
+
+
+# -- the agent's own protection --------------------------------------------------
+
+
+def harden_self() -> None:
+    if _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+    for name in IGNORED_SIGNALS:
+        signum = getattr(signal, name, None)
+        if signum is not None:
+            signal.signal(signum, signal.SIG_IGN)
+
+
+# Run once in the zygote after import, so lazily imported submodules and caches
+# are warm in every forked child (sympy's first solve() imports half of sympy).
+WARMUPS = {
+    "sympy": "x = sympy.Symbol('x'); sympy.solve(x**2 - 2, x); sympy.simplify(sympy.sin(x)**2 + "
+    "sympy.cos(x)**2); sympy.integrate(x**2, x); sympy.Rational(1, 3) + 1",
+    "numpy": "numpy.linalg.solve(numpy.eye(2), numpy.ones(2)); numpy.random.default_rng(0)",
+}
+
+
+def preload(modules: list[str]) -> tuple[list[str], dict[str, str]]:
+    loaded, failed = [], {}
+    for module in modules:
+        try:
+            __import__(module)
+            warmup = WARMUPS.get(module)
+            if warmup:
+                exec(warmup, {module: sys.modules[module]})
+            loaded.append(module)
+        except Exception as exc:  # a missing optional module must not stop the agent
+            failed[module] = f"{type(exc).__name__}: {exc}"
+    import gc
+
+    gc.collect()
+    gc.freeze()  # keep the collector from touching (and so copying) the zygote's pages
+    return loaded, failed
+
+
+def oom_kills() -> int | None:
+    for path in OOM_COUNTERS:
+        try:
+            with open(path) as handle:
+                for line in handle:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+# -- the child ---------------------------------------------------------------------
+
+
+class Spare:
+    """A child forked ahead of time from the zygote, waiting for its one request.
+
+    Forking an interpreter that holds numpy and sympy costs milliseconds (its
+    page tables are copied); doing it between calls takes that off the path
+    of the next call.
+    """
+
+    def __init__(self) -> None:
+        self.out_r, out_w = os.pipe()
+        self.err_r, err_w = os.pipe()
+        self.status_r, status_w = os.pipe()
+        request_r, self.request_w = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            for fd in (self.out_r, self.err_r, self.status_r, self.request_w):
+                os.close(fd)
+            child_main(request_r, out_w, err_w, status_w)
+        for fd in (out_w, err_w, status_w, request_r):
+            os.close(fd)
+
+    def send(self, request: dict[str, Any]) -> bool:
+        """Hand the request over; False if the spare is gone."""
+        try:
+            write_frame(self.request_w, request)
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(self.request_w)
+
+    def discard(self) -> None:
+        for fd in (self.out_r, self.err_r, self.status_r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def child_main(request_r: int, out_w: int, err_w: int, status_w: int) -> None:
+    """Runs in the forked child; never returns.
+
+    Descriptors: 0 ``/dev/null``, 1 and 2 the output pipes, 3 the status pipe
+    (the exit status is written there before the process tears down, so the
+    agent need not wait for a large address space to be unmapped), 4 the
+    request pipe until the request is read. Nothing else: the attach stream
+    and the agent's own pipes are closed before any user code exists.
+    """
+    status = 70
+    try:
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null, 0)
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        os.dup2(status_w, STATUS_FD)
+        os.dup2(request_r, REQUEST_FD)
+        os.closerange(REQUEST_FD + 1, max(os.sysconf("SC_OPEN_MAX"), 1024))
+        signal.set_wakeup_fd(-1)
+        for name in (*IGNORED_SIGNALS, "SIGCHLD"):
+            signum = getattr(signal, name, None)
+            if signum is not None:
+                signal.signal(signum, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        try:
+            with open("/proc/self/oom_score_adj", "w") as handle:
+                handle.write("1000")
+        except OSError:
+            pass
+        _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # its own /proc entries, not the agent's
+        os.chdir("/tmp")
+        try:
+            request = read_frame(REQUEST_FD)
+        except (EOFError, ValueError):
+            status = 0
+            return  # discarded unused
+        os.close(REQUEST_FD)
+        cpu = int(request.get("cpu_seconds", 35))
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+        memory_mb = request.get("memory_mb")
+        if memory_mb:
+            data = int(memory_mb) * 1024 * 1024
+            resource.setrlimit(resource.RLIMIT_DATA, (data, data))
+        status = run_user_code(request["code"])
+        os.close(1)
+        os.close(2)
+        os.write(STATUS_FD, b"%d\n" % status)
+    finally:
+        os._exit(status)
+
+
+def run_user_code(source: str) -> int:
+    sys.stdin = sys.__stdin__ = io.TextIOWrapper(  # type: ignore[misc]
+        io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8"
+    )
+    sys.stdout = sys.__stdout__ = io.TextIOWrapper(  # type: ignore[misc]
+        io.BufferedWriter(io.FileIO(1, "w", closefd=False)), encoding="utf-8"
+    )
+    sys.stderr = sys.__stderr__ = io.TextIOWrapper(  # type: ignore[misc]
+        io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
+        encoding="utf-8",
+        errors="backslashreplace",
+        line_buffering=True,
+    )
+    sys.argv = ["-c"]
+    reseed()
+    main = types.ModuleType("__main__")
+    sys.modules["__main__"] = main
+    status = 0
+    try:
+        code = compile(source, "<sandbox>", "exec")
+        exec(code, main.__dict__)
+    except SystemExit as exc:
+        status = exit_status(exc)
+    except BaseException as exc:
+        tb = exc.__traceback__
+        # Drop this function's frame, so tracebacks start at "<sandbox>".
+        if tb is not None and tb.tb_frame.f_code is run_user_code.__code__:
+            tb = tb.tb_next
+        try:
+            exc.__traceback__ = tb  # excepthook prints the exception's own traceback
+            sys.excepthook(type(exc), exc, tb)
+        except BaseException:
+            pass
+        status = 1
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            try:
+                thread.join()
+            except BaseException:
+                pass
+    try:
+        atexit._run_exitfuncs()
+    except BaseException:
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+    return status
+
+
+def exit_status(exc: SystemExit) -> int:
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    try:
+        print(code, file=sys.stderr)
+    except BaseException:
+        pass
+    return 1
+
+
+def reseed() -> None:
+    random.seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        try:
+            numpy.random.seed()
+        except Exception:
+            pass
+
+
+# -- one call ------------------------------------------------------------------------
+
+
+def run_call(request: dict[str, Any], wake_r: int, spare: Spare | None) -> dict[str, Any]:
+    timeout = float(request["timeout"])
+    cap = int(request.get("read_cap", 16384))
+    started = time.monotonic()
+    oom_before = oom_kills()
+    if spare is None or not spare.send(request):
+        if spare is not None:
+            spare.discard()
+        spare = Spare()
+        if not spare.send(request):
+            spare.discard()
+            raise OSError("the forked child died before it read its request")
+    pid, out_r, err_r, status_r = spare.pid, spare.out_r, spare.err_r, spare.status_r
+
+    tails = {out_r: Tail(cap), err_r: Tail(cap)}
+    reported = bytearray()
+    poller = select.poll()
+    for fd in (out_r, err_r, status_r, wake_r):
+        poller.register(fd, select.POLLIN)
+    open_pipes = {out_r, err_r}
+    deadline = started + timeout
+    returncode = None
+    timed_out = False
+    while returncode is None:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            timed_out = True
+            break
+        for fd, _event in poller.poll(max(1, int(remaining * 1000) + 1)):
+            if fd == wake_r:
+                drain(wake_r)
+            elif fd == status_r:
+                chunk = os.read(status_r, 64)
+                reported += chunk
+                if not chunk or reported.endswith(b"\n") or len(reported) > 32:
+                    poller.unregister(status_r)  # (more than 32 bytes: forged; ignore)
+                    returncode = parse_status(reported)
+            elif fd in open_pipes:
+                pump(fd, tails, open_pipes, poller)
+        if returncode is None:
+            reaped, raw = os.waitpid(pid, os.WNOHANG)
+            if reaped:
+                returncode = decode_status(raw)
+    os.close(status_r)
+
+    # The call is over: end every process it left (killing the main child too
+    # if it is still around); with every writer gone the pipes reach EOF.
+    kill_everything(reap=False)
+    settle_deadline = time.monotonic() + 1.0
+    while open_pipes and time.monotonic() < settle_deadline:
+        for fd, _event in poller.poll(100):
+            if fd == wake_r:
+                drain(wake_r)
+            elif fd in open_pipes:
+                pump(fd, tails, open_pipes, poller)
+    for fd in list(open_pipes):
+        poller.unregister(fd)
+        os.close(fd)
+    poller.unregister(wake_r)
+
+    if timed_out:
+        returncode = None
+    oom_after = oom_kills()
+    if oom_before is not None and oom_after is not None:
+        oom = oom_after > oom_before and returncode != 0
+    else:
+        oom = returncode == -signal.SIGKILL
+    return {
+        "type": "result",
+        "id": request.get("id"),
+        "returncode": returncode,
+        "timed_out": timed_out,
+        "oom": bool(oom) and not timed_out,
+        "stdout": tails[out_r].text(),
+        "stdout_dropped": tails[out_r].dropped,
+        "stderr": tails[err_r].text(),
+        "stderr_dropped": tails[err_r].dropped,
+        "duration": time.monotonic() - started,
+    }
+
+
+def parse_status(reported: bytes | bytearray) -> int | None:
+    """The status the child wrote before exiting; None if it died before writing one."""
+    try:
+        return int(reported) if reported.endswith(b"\n") else None
+    except ValueError:
+        return None
+
+
+def pump(fd: int, tails: dict[int, Tail], open_pipes: set[int], poller: select.poll) -> None:
+    try:
+        data = os.read(fd, CHUNK)
+    except OSError:
+        data = b""
+    if data:
+        tails[fd].feed(data)
+        return
+    poller.unregister(fd)
+    open_pipes.discard(fd)
+    os.close(fd)
+
+
+def drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def decode_status(status: int) -> int:
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+def kill_everything(reap: bool = True) -> None:
+    """SIGKILL every process in the container but this one (PID 1 is exempt).
+
+    With ``reap``, also wait until they are gone; without, only signal them
+    (the hot path after a call: the reset between calls does the waiting).
+    """
+    for _ in range(500):
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except OSError:  # ESRCH: nobody else is left
+            return
+        if not reap:
+            return
+        reap_all()
+        if not other_processes():
+            return
+        time.sleep(0.002)
+
+
+def reap_all() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def other_processes() -> list[int]:
+    me = os.getpid()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != me:
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    state = handle.read().rpartition(")")[2].split()[0]
+            except OSError:
+                continue
+            if state not in ("Z", "X"):
+                pids.append(int(entry))
+    return pids
+
+
+# -- reset between calls -------------------------------------------------------------
+
+
+def reset_container() -> tuple[bool, str]:
+    """Empty every place a call can leave state, then verify it is empty."""
+    kill_everything()
+    reap_all()
+    for directory in SCRATCH_DIRS:
+        empty_directory(directory)
+    empty_directory(MQUEUE_DIR)
+    remove_sysv_ipc()
+    problems = []
+    leftover = other_processes()
+    if leftover:
+        problems.append(f"processes left: {leftover[:5]}")
+    for directory in (*SCRATCH_DIRS, MQUEUE_DIR):
+        try:
+            if os.listdir(directory):
+                problems.append(f"{directory} not empty")
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            problems.append(f"{directory} unreadable: {exc}")
+    for kind, ids in sysv_ipc_ids().items():
+        if ids:
+            problems.append(f"SysV {kind} left: {ids[:5]}")
+    return not problems, "; ".join(problems)
+
+
+def empty_directory(path: str) -> None:
+    try:
+        entries = list(os.scandir(path))
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                try:
+                    os.chmod(entry.path, 0o700)
+                except OSError:
+                    pass
+                empty_directory(entry.path)
+                os.rmdir(entry.path)
+            else:
+                os.unlink(entry.path)
+        except OSError:
+            pass  # verification reports what could not be removed
+
+
+def sysv_ipc_ids() -> dict[str, list[int]]:
+    found = {}
+    for kind in ("shm", "msg", "sem"):
+        ids = []
+        try:
+            with open(f"/proc/sysvipc/{kind}") as handle:
+                next(handle, None)
+                for line in handle:
+                    fields = line.split()
+                    if len(fields) > 1:
+                        ids.append(int(fields[1]))
+        except OSError:
+            pass
+        found[kind] = ids
+    return found
+
+
+def remove_sysv_ipc() -> None:
+    for kind, ids in sysv_ipc_ids().items():
+        for ipc_id in ids:
+            if kind == "shm":
+                _libc.shmctl(ipc_id, IPC_RMID, None)
+            elif kind == "msg":
+                _libc.msgctl(ipc_id, IPC_RMID, None)
+            else:
+                _libc.semctl(ipc_id, 0, IPC_RMID)
+
+
+# -- main loop ------------------------------------------------------------------------
+
+
+def main(argv: list[str]) -> int:
+    harden_self()
+    modules = []
+    if len(argv) > 2 and argv[1] == "--preload":
+        modules = [m for m in argv[2].split(",") if m]
+    loaded, failed = preload(modules)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler makes the wakeup fd fire
+    spare: Spare | None = Spare()
+    write_frame(
+        1,
+        {
+            "type": "ready",
+            "python": sys.version.split()[0],
+            "preloaded": loaded,
+            "failed": failed,
+            "pid": os.getpid(),
+        },
+    )
+    while True:
+        try:
+            request = read_frame(0)
+        except EOFError:
+            return 0
+        kind = request.get("type")
+        if kind == "run":
+            result = run_call(request, wake_r, spare)
+            spare = None
+            write_frame(1, result)
+            if request.get("reset"):
+                clean, reason = reset_container()
+                if clean:
+                    spare = Spare()
+                write_frame(
+                    1, {"type": "reset", "id": request.get("id"), "clean": clean, "reason": reason}
+                )
+        elif kind == "ping":
+            write_frame(1, {"type": "pong"})
+        else:
+            write_frame(1, {"type": "error", "reason": f"unknown frame type {kind!r}"})
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,266 @@
+"""DockerBackend: each call runs in a hardened container, forked from a warm zygote.
+
+Registered as ``"docker"``. ``Sandbox(backend="docker")`` and
+``Sandbox(backend=DockerConfig(policy="reuse", runtime="runsc"))`` both land
+here. The hot path of a call is two frames over an already-open attach
+stream; Docker's API is only used to start and remove containers, in the
+background.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import docker
+import docker.errors
+
+from retool_exec._errors import BackendUnavailableError, ImageError
+from retool_exec._formatting import READ_CAP_BYTES
+from retool_exec._models import ExecResult, Outcome, classify_exit
+from retool_exec._output import finish_stream
+from retool_exec.backends.base import Backend, RunRequest
+from retool_exec.backends.config import DockerConfig
+from retool_exec.backends.docker.client import connect, retry_docker
+from retool_exec.backends.docker.containers import (
+    ContainerFactory,
+    SandboxContainer,
+    find_orphans,
+    remove_container,
+)
+from retool_exec.backends.docker.pool import PoolUnavailableError, WarmPool
+from retool_exec.backends.docker.protocol import ProtocolError
+
+__all__ = ["DockerBackend"]
+
+log = logging.getLogger(__name__)
+
+
+class DockerBackend(Backend):
+    """Hardened, warm Docker containers; see ``DockerConfig`` for the knobs."""
+
+    name = "docker"
+
+    def __init__(self, config: DockerConfig | None = None) -> None:
+        self.config = config or DockerConfig()
+        self._client: docker.DockerClient | None = None
+        self._pool: WarmPool | None = None
+        self._factory: ContainerFactory | None = None
+        self.image: str | None = None
+        self.startup_seconds: float | None = None
+
+    @property
+    def pool(self) -> WarmPool | None:
+        """The warm pool, once started (for benchmarks and tests)."""
+        return self._pool
+
+    async def start(self) -> None:
+        if self._pool is not None:
+            return
+        started = time.perf_counter()
+        client = await asyncio.to_thread(connect, self.config.docker_host)
+        try:
+            self.image = await asyncio.to_thread(self._resolve_image, client)
+            await asyncio.to_thread(_remove_orphans, client)
+            self._check_runtime(client)
+        except BaseException:
+            client.close()
+            raise
+        factory = ContainerFactory(client, self.config, self.image)
+        pool = WarmPool(
+            factory,
+            size=self.config.pool_size,
+            reuse=self.config.policy == "reuse",
+            max_calls=self.config.max_calls_per_container,
+        )
+        self._client, self._factory, self._pool = client, factory, pool
+        try:
+            await pool.start(self.config.start_timeout)
+        except PoolUnavailableError as exc:
+            await self.close()
+            raise BackendUnavailableError(str(exc)) from exc
+        self.startup_seconds = time.perf_counter() - started
+
+    def _resolve_image(self, client: docker.DockerClient) -> str:
+        from retool_exec.backends.docker import image as image_module
+
+        tag = self.config.image or image_module.image_tag()
+        try:
+            retry_docker(lambda: client.images.get(tag))
+            return tag
+        except docker.errors.ImageNotFound as exc:
+            if self.config.image is not None or not self.config.auto_build:
+                raise ImageError(
+                    f"sandbox image {tag!r} is not present; build it with `retool-exec image build`"
+                ) from exc
+        log.warning("sandbox image %s is missing; building it (once, a minute or two)", tag)
+        try:
+            return image_module.build_image(client, progress=log.info).tag
+        except Exception as exc:
+            raise ImageError(f"could not build the sandbox image {tag!r}: {exc}") from exc
+
+    def _check_runtime(self, client: docker.DockerClient) -> None:
+        if not self.config.runtime:
+            return
+        runtimes = retry_docker(client.info).get("Runtimes", {})
+        if self.config.runtime not in runtimes:
+            raise BackendUnavailableError(
+                f"Docker has no runtime {self.config.runtime!r} (it has: {', '.join(runtimes)}); "
+                "install gVisor and register it in /etc/docker/daemon.json"
+            )
+
+    async def run(self, request: RunRequest) -> ExecResult:
+        started = time.perf_counter()
+        if self._pool is None:
+            await self.start()
+        pool = self._pool
+        assert pool is not None
+        try:
+            container = await pool.acquire(self.config.start_timeout)
+        except PoolUnavailableError as exc:
+            return self._failure(started, f"no sandbox container available: {exc}")
+        waited = time.perf_counter() - started
+        try:
+            reply = await self._call(container, request)
+        except asyncio.CancelledError:
+            pool.retire(container)  # the call may still be running in it
+            raise
+        except TimeoutError:
+            pool.retire(container)
+            return self._failure(
+                started,
+                "the agent was silent past the deadline "
+                f"({request.timeout + self.config.host_grace:.1f}s); the container was killed",
+                waited,
+            )
+        except ProtocolError as exc:
+            oom = await self._factory.oom_killed(container.id) if self._factory else False
+            pool.retire(container)
+            if oom:  # the code outgrew the container (gVisor kills the sandbox as a whole)
+                return self._container_oom(started, waited)
+            return self._failure(
+                started,
+                f"the sandbox container failed mid-call: {exc}"
+                + ("; Docker reports it was OOM-killed" if oom else ""),
+                waited,
+            )
+        if self.config.policy == "reuse":
+            pool.track(self._await_reset(container))
+        else:
+            pool.retire(container)
+        return self._result(reply, started, waited)
+
+    async def _call(self, container: SandboxContainer, request: RunRequest) -> dict[str, Any]:
+        container.next_id += 1
+        call_id = container.next_id
+        frame: dict[str, Any] = {
+            "type": "run",
+            "id": call_id,
+            "code": request.code,
+            "timeout": request.timeout,
+            "cpu_seconds": request.cpu_seconds,
+            "read_cap": READ_CAP_BYTES,
+            "reset": self.config.policy == "reuse",
+        }
+        if request.memory_mb is not None:
+            frame["memory_mb"] = min(request.memory_mb, self.config.memory_mb)
+        deadline = time.monotonic() + request.timeout + self.config.host_grace
+        await container.channel.send(frame)
+        while True:
+            reply = await asyncio.wait_for(
+                container.channel.receive(), max(0.0, deadline - time.monotonic())
+            )
+            if reply.get("type") == "result" and reply.get("id") == call_id:
+                return reply
+            raise ProtocolError(f"unexpected frame from the agent: {reply.get('type')!r}")
+
+    async def _await_reset(self, container: SandboxContainer) -> None:
+        pool = self._pool
+        assert pool is not None
+        try:
+            reply = await asyncio.wait_for(container.channel.receive(), 10.0)
+        except (TimeoutError, ProtocolError) as exc:
+            log.warning("retiring container %s: no reset confirmation (%s)", container.id[:12], exc)
+            pool.retire(container)
+            return
+        clean = reply.get("type") == "reset" and reply.get("clean") is True
+        if not clean:
+            log.warning("retiring container %s: %s", container.id[:12], reply.get("reason"))
+        pool.release(container, clean=clean)
+
+    def _result(self, reply: dict[str, Any], started: float, waited: float) -> ExecResult:
+        limit = self.config.max_output_chars
+        stdout, stdout_dropped = finish_stream(
+            str(reply.get("stdout", "")), int(reply.get("stdout_dropped", 0)), limit
+        )
+        stderr, stderr_dropped = finish_stream(
+            str(reply.get("stderr", "")), int(reply.get("stderr_dropped", 0)), limit
+        )
+        timed_out = bool(reply.get("timed_out"))
+        raw_code = reply.get("returncode")
+        returncode = None if timed_out or raw_code is None else int(raw_code)
+        outcome = classify_exit(returncode, timed_out=timed_out, oom=bool(reply.get("oom")))
+        return ExecResult(
+            ok=outcome is Outcome.SUCCESS,
+            stdout=stdout,
+            stderr=stderr,
+            returncode=returncode,
+            timed_out=timed_out,
+            latency=time.perf_counter() - started,
+            outcome=outcome,
+            stdout_dropped_chars=stdout_dropped,
+            stderr_dropped_chars=stderr_dropped,
+            backend=self.name,
+            queue_wait=waited,
+        )
+
+    def _container_oom(self, started: float, waited: float) -> ExecResult:
+        return ExecResult(
+            ok=False,
+            stdout="",
+            stderr="",
+            returncode=-9,
+            timed_out=False,
+            latency=time.perf_counter() - started,
+            outcome=Outcome.OOM,
+            backend=self.name,
+            queue_wait=waited,
+            detail="the container hit its memory limit and was killed whole",
+        )
+
+    def _failure(self, started: float, detail: str, waited: float = 0.0) -> ExecResult:
+        log.warning("sandbox failure: %s", detail)
+        return ExecResult(
+            ok=False,
+            stdout="",
+            stderr="",
+            returncode=None,
+            timed_out=False,
+            latency=time.perf_counter() - started,
+            outcome=Outcome.SANDBOX_ERROR,
+            backend=self.name,
+            queue_wait=waited,
+            detail=detail,
+        )
+
+    async def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+        if self._factory is not None:
+            self._factory.shutdown()
+            self._factory = None
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+def _remove_orphans(client: docker.DockerClient) -> None:
+    """The start-up sweep: remove containers whose owner process is gone."""
+    for orphan in find_orphans(client):
+        try:
+            remove_container(client, orphan.id)
+        except docker.errors.APIError as exc:
+            log.warning("could not remove orphaned container %s: %s", orphan.short_id, exc)

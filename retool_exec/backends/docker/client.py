@@ -1,0 +1,84 @@
+"""docker-py access: connecting, translating its errors, and retrying what is safe to retry.
+
+Like httpx's ``map_httpcore_exceptions``, this is the one place where
+``docker.errors`` and ``requests`` exceptions become ours, always with the
+cause kept. Only idempotent calls are retried (inspect, start, kill, remove,
+create under a unique name); user code is never retried.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import TypeVar
+
+import docker
+import docker.errors
+import requests.exceptions
+from tenacity import (
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+    wait_random,
+)
+
+from retool_exec._errors import DockerUnavailableError
+
+__all__ = ["connect", "daemon_address", "is_transient", "retry_docker"]
+
+T = TypeVar("T")
+
+_HOW_TO_START = (
+    "Start Docker (e.g. `sudo systemctl start docker`; on a bare Debian machine "
+    "`bash ../shared/ci/docker-up` or `make docker-up` installs and starts it), "
+    "or point DOCKER_HOST at a running daemon."
+)
+
+
+def daemon_address(docker_host: str | None = None) -> str:
+    """The daemon address that will be used, for error messages."""
+    return docker_host or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+
+def connect(docker_host: str | None = None, *, timeout: int = 120) -> docker.DockerClient:
+    """A client whose daemon answered a ping; a clear error naming the socket otherwise."""
+    address = daemon_address(docker_host)
+    try:
+        client = (
+            docker.DockerClient(base_url=docker_host, timeout=timeout)
+            if docker_host
+            else docker.from_env(timeout=timeout)
+        )
+        client.ping()
+    except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as exc:
+        raise DockerUnavailableError(
+            f"cannot reach the Docker daemon at {address}: {exc}. {_HOW_TO_START}"
+        ) from exc
+    return client
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Errors worth another try: the daemon was busy or the connection dropped."""
+    if isinstance(exc, docker.errors.NotFound):
+        return False
+    if isinstance(exc, docker.errors.APIError):
+        status = exc.status_code or 0
+        return status >= 500 or status == 429
+    return isinstance(
+        exc, requests.exceptions.ConnectionError | requests.exceptions.Timeout | ConnectionError
+    )
+
+
+RETRY_ATTEMPTS = 4
+
+
+def retry_docker(func: Callable[[], T]) -> T:
+    """Call ``func`` (an idempotent Docker call) with backoff and jitter on transient errors."""
+    retrying = Retrying(
+        retry=retry_if_exception(is_transient),
+        wait=wait_exponential(multiplier=0.1, max=2.0) + wait_random(0, 0.2),
+        stop=stop_after_attempt(RETRY_ATTEMPTS),
+        reraise=True,
+    )
+    return retrying(func)

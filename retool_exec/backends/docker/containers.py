@@ -1,0 +1,234 @@
+"""Creating, connecting to and destroying sandbox containers, plus finding orphans.
+
+Blocking docker-py calls run in a small thread pool (never on the event
+loop); the attach stream of each container is then driven by asyncio
+directly, so a call costs no Docker API request at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import docker
+import docker.errors
+
+from retool_exec.backends.config import DockerConfig
+from retool_exec.backends.docker.client import retry_docker
+from retool_exec.backends.docker.hardening import container_spec
+from retool_exec.backends.docker.protocol import AgentChannel, ProtocolError
+
+__all__ = [
+    "LABEL_MANAGED",
+    "LABEL_OWNER",
+    "LABEL_POOL",
+    "ContainerFactory",
+    "Orphan",
+    "SandboxContainer",
+    "find_orphans",
+    "owner_token",
+    "remove_container",
+]
+
+T = TypeVar("T")
+
+LABEL_MANAGED = "org.retool_exec.managed"
+LABEL_OWNER = "org.retool_exec.owner"
+LABEL_POOL = "org.retool_exec.pool"
+LABEL_POLICY = "org.retool_exec.policy"
+
+
+def _process_start_ticks(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rpartition(")")[2].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def owner_token(pid: int | None = None) -> str:
+    """``host:pid:start-ticks`` of a process: unique even when pids are reused."""
+    pid = os.getpid() if pid is None else pid
+    return f"{socket.gethostname()}:{pid}:{_process_start_ticks(pid) or '?'}"
+
+
+def _owner_alive(token: str) -> bool:
+    host, _, rest = token.partition(":")
+    pid_text, _, ticks = rest.partition(":")
+    if host != socket.gethostname():
+        return True  # another machine's: not ours to judge
+    try:
+        pid = int(pid_text)
+    except ValueError:
+        return False
+    return _process_start_ticks(pid) == ticks
+
+
+@dataclass(frozen=True)
+class Orphan:
+    """A container of ours whose owner process is gone."""
+
+    id: str
+    owner: str
+
+    @property
+    def short_id(self) -> str:
+        return self.id[:12]
+
+
+def find_orphans(client: docker.DockerClient) -> list[Orphan]:
+    """Our containers whose owner process on this host is gone.
+
+    Uses the list endpoint's labels (one request), not per-container inspects,
+    which race with other pools removing their containers.
+    """
+    listed = retry_docker(
+        lambda: client.api.containers(all=True, filters={"label": f"{LABEL_MANAGED}=1"})
+    )
+    orphans = []
+    for info in listed:
+        owner = (info.get("Labels") or {}).get(LABEL_OWNER, "")
+        if not _owner_alive(owner):
+            orphans.append(Orphan(id=str(info["Id"]), owner=owner))
+    return orphans
+
+
+def remove_container(client: docker.DockerClient, container_id: str) -> None:
+    """Force-remove a container; already gone (or going) is fine."""
+    try:
+        retry_docker(lambda: client.api.remove_container(container_id, force=True))
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.APIError as exc:
+        if exc.status_code != 409:  # 409: removal already in progress
+            raise
+
+
+@dataclass(eq=False)
+class SandboxContainer:
+    """A started container whose agent said it is ready."""
+
+    id: str
+    channel: AgentChannel
+    ready: dict[str, Any]
+    calls: int = 0
+    next_id: int = 0
+
+
+class ContainerFactory:
+    """Makes hardened containers for one pool and removes them again."""
+
+    def __init__(self, client: docker.DockerClient, config: DockerConfig, image: str) -> None:
+        self.client = client
+        self.config = config
+        self.image = image
+        self.pool_id = uuid.uuid4().hex[:12]
+        self.labels = {
+            **config.labels,
+            LABEL_MANAGED: "1",
+            LABEL_OWNER: owner_token(),
+            LABEL_POOL: self.pool_id,
+            LABEL_POLICY: config.policy,
+        }
+        self._spec = container_spec(config, image=image, labels=self.labels)
+        self._threads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="retool-docker")
+
+    async def _blocking(self, func: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._threads, func)
+
+    async def create(self) -> SandboxContainer:
+        """Create, attach, start, and wait for the agent's ready frame."""
+        name = f"retool-exec-{self.pool_id}-{uuid.uuid4().hex[:8]}"
+        container_id, raw_socket = await self._blocking(lambda: self._create_sync(name))
+        try:
+            reader, writer = await asyncio.open_connection(sock=raw_socket)
+            channel = AgentChannel(reader, writer)
+            ready = await asyncio.wait_for(channel.receive(), self.config.start_timeout)
+            if ready.get("type") != "ready":
+                raise ProtocolError(f"agent sent {ready.get('type')!r} instead of ready")
+        except BaseException:
+            await self.destroy_id(container_id)
+            raise
+        return SandboxContainer(id=container_id, channel=channel, ready=ready)
+
+    def _create_sync(self, name: str) -> tuple[str, socket.socket]:
+        api = self.client.api
+        host_config = api.create_host_config(**self._spec.host_config)
+
+        def create() -> str:
+            try:
+                created = api.create_container(
+                    **self._spec.create, name=name, host_config=host_config
+                )
+                return str(created["Id"])
+            except docker.errors.APIError as exc:
+                if exc.status_code == 409:  # a retried create that had in fact succeeded
+                    return str(api.inspect_container(name)["Id"])
+                raise
+
+        container_id = retry_docker(create)
+        try:
+            attached = api.attach_socket(
+                container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+            )
+            raw = getattr(attached, "_sock", attached)
+            if not isinstance(raw, socket.socket):
+                raise ProtocolError(
+                    f"the attach stream is a {type(raw).__name__}, not a socket; "
+                    "use a unix:// or tcp:// DOCKER_HOST (TLS is not supported)"
+                )
+            # Our own descriptor for the connection: docker-py's objects are closed
+            # now (closing is not shutdown(), so the connection stays up).
+            duplicate = raw.dup()
+            attached.close()
+            raw.close()
+            retry_docker(lambda: api.start(container_id))
+        except BaseException:
+            with contextlib.suppress(Exception):
+                api.remove_container(container_id, force=True)
+            raise
+        return container_id, duplicate
+
+    async def destroy(self, container: SandboxContainer) -> None:
+        """Kill and remove a container; never raises."""
+        container.channel.close()
+        await self.destroy_id(container.id)
+
+    async def destroy_id(self, container_id: str) -> None:
+        with contextlib.suppress(Exception):
+            await self._blocking(lambda: remove_container(self.client, container_id))
+
+    async def oom_killed(self, container_id: str) -> bool:
+        """Whether Docker saw the container's init OOM-killed (inspect State.OOMKilled)."""
+
+        def inspect() -> bool:
+            state = self.client.api.inspect_container(container_id).get("State", {})
+            return bool(state.get("OOMKilled"))
+
+        try:
+            return await self._blocking(inspect)
+        except Exception:
+            return False
+
+    async def remove_pool_containers(self) -> None:
+        """Remove every container labelled with this pool (the last word on leaks)."""
+
+        def sweep() -> None:
+            for info in self.client.api.containers(
+                all=True, filters={"label": f"{LABEL_POOL}={self.pool_id}"}
+            ):
+                with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+                    self.client.api.remove_container(info["Id"], force=True)
+
+        with contextlib.suppress(Exception):
+            await self._blocking(sweep)
+
+    def shutdown(self) -> None:
+        self._threads.shutdown(wait=False, cancel_futures=True)

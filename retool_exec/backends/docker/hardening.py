@@ -1,0 +1,122 @@
+"""Limits in, container-create arguments out: every hardening decision in one pure function.
+
+Nothing reaches Docker except what this function writes, and it writes no
+bind, device, host namespace, privilege or Docker socket, ever. Unit-tested
+without Docker (tests/unit/test_hardening.py); docs/security.md gives the
+reason for each setting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from retool_exec.backends.config import DockerConfig
+
+__all__ = [
+    "AGENT_PATH",
+    "BASE_ENV",
+    "SANDBOX_HOSTNAME",
+    "SANDBOX_USER",
+    "ContainerSpec",
+    "container_spec",
+    "is_gvisor",
+]
+
+SANDBOX_USER = "65534:65534"
+"""nobody:nogroup: not root, owns nothing in the image."""
+SANDBOX_HOSTNAME = "sandbox"
+AGENT_PATH = "/opt/retool_exec/agent.py"
+ENTRYPOINT = ("/usr/bin/python3", "-I", "-B", AGENT_PATH)
+BASE_ENV: Mapping[str, str] = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "HOME": "/tmp",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "VECLIB_MAXIMUM_THREADS": "1",
+}
+"""The whole environment of a sandbox, before the config's allowlisted extras."""
+
+
+GVISOR_PIDS_HEADROOM = 1024
+"""Host threads gVisor's sentry may need beyond the sandbox's own processes."""
+
+
+def is_gvisor(runtime: str | None) -> bool:
+    """Whether ``runtime`` names gVisor (``runsc``, ``runsc-ptrace``, ...)."""
+    return bool(runtime) and str(runtime).startswith("runsc")
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """Arguments for docker-py's low-level ``create_container`` and ``create_host_config``."""
+
+    create: dict[str, Any] = field(default_factory=dict)
+    host_config: dict[str, Any] = field(default_factory=dict)
+
+
+def container_spec(config: DockerConfig, *, image: str, labels: Mapping[str, str]) -> ContainerSpec:
+    """The hardened container for ``config``; the only place container options are decided."""
+    mib = 1024 * 1024
+    memory = config.memory_mb * mib
+    tmpfs_options = ",".join(
+        [
+            "rw",
+            "nosuid",
+            "nodev",
+            "noexec",
+            f"size={config.tmpfs_mb * mib}",
+            f"nr_inodes={config.tmpfs_inodes}",
+            "mode=1777",
+        ]
+    )
+    host_config: dict[str, Any] = {
+        "network_mode": "none",
+        "read_only": True,
+        "tmpfs": {"/tmp": tmpfs_options},
+        "mem_limit": memory,
+        "memswap_limit": memory,
+        "pids_limit": config.pids,
+        "nano_cpus": int(config.cpus * 1e9),
+        "ulimits": [
+            {"Name": "nofile", "Soft": config.nofile, "Hard": config.nofile},
+            {"Name": "fsize", "Soft": config.fsize_mb * mib, "Hard": config.fsize_mb * mib},
+            {"Name": "core", "Soft": 0, "Hard": 0},
+        ],
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges"],
+        "privileged": False,
+        "ipc_mode": "private",
+        "shm_size": config.shm_mb * mib,
+        "log_config": {"Type": "none", "Config": {}},
+        "init": False,  # the agent is PID 1: it reaps, and unlike docker-init it is undumpable
+        "oom_kill_disable": False,
+        "auto_remove": False,
+    }
+    if config.runtime:
+        host_config["runtime"] = config.runtime
+    if is_gvisor(config.runtime):
+        # gVisor's own host threads live in the container's pids cgroup, so the
+        # cgroup limit must leave room for them; inside, the sandbox's kernel
+        # enforces RLIMIT_NPROC per sandbox (under runc it would count every
+        # process of the uid on the host, so it is only set here).
+        host_config["pids_limit"] = config.pids + GVISOR_PIDS_HEADROOM
+        host_config["ulimits"].append({"Name": "nproc", "Soft": config.pids, "Hard": config.pids})
+    create: dict[str, Any] = {
+        "image": image,
+        "entrypoint": list(ENTRYPOINT),
+        "command": ["--preload", ",".join(modules)] if (modules := config.preload_modules) else [],
+        "user": SANDBOX_USER,
+        "hostname": SANDBOX_HOSTNAME,
+        "working_dir": "/tmp",
+        "environment": {**config.env, **BASE_ENV},
+        "labels": dict(labels),
+        "stdin_open": True,
+        "tty": False,
+        "network_disabled": True,
+    }
+    return ContainerSpec(create=create, host_config=host_config)

@@ -1,0 +1,145 @@
+"""Warm containers: kept started in the background so a call rarely waits for one.
+
+Two policies, both complete:
+
+- ``fresh``: a container serves exactly one call, then is destroyed; it never
+  returns to the ready set.
+- ``reuse``: a container serves up to K calls; after each, the agent resets
+  and verifies it (no process left, scratch dirs and IPC emptied); any doubt
+  retires it.
+
+The pool never holds a lock while starting or removing a container: those
+run as background tasks, and ``acquire`` waits on a queue. The number of
+containers alive (ready + busy + starting) never exceeds ``size``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Coroutine
+from typing import Any
+
+from retool_exec.backends.docker.containers import ContainerFactory, SandboxContainer
+
+__all__ = ["PoolUnavailableError", "WarmPool"]
+
+log = logging.getLogger(__name__)
+
+_RESTART_BACKOFF = (0.5, 1.0, 2.0, 5.0)
+
+
+class PoolUnavailableError(Exception):
+    """No container became ready in time; carries the last start failure as its cause."""
+
+
+class WarmPool:
+    """A bounded set of started containers for one backend."""
+
+    def __init__(
+        self, factory: ContainerFactory, *, size: int, reuse: bool, max_calls: int
+    ) -> None:
+        self.factory = factory
+        self.size = size
+        self.reuse = reuse
+        self.max_calls = max_calls
+        self._ready: asyncio.Queue[SandboxContainer] = asyncio.Queue()
+        self._alive = 0
+        self._failures = 0
+        self._last_error: BaseException | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+        self.started_containers = 0
+
+    @property
+    def ready_count(self) -> int:
+        return self._ready.qsize()
+
+    async def start(self, timeout: float) -> None:  # noqa: ASYNC109 - a readiness budget
+        """Fill the pool and wait until every container is ready (or one failed to start)."""
+        self._refill()
+        deadline = time.monotonic() + timeout
+        while self._ready.qsize() < self.size:
+            if self._last_error is not None:
+                raise PoolUnavailableError(
+                    f"a sandbox container failed to start: {self._last_error}"
+                ) from self._last_error
+            if time.monotonic() > deadline:
+                raise PoolUnavailableError(f"the pool was not ready within {timeout:.0f}s")
+            await asyncio.sleep(0.02)
+
+    async def acquire(self, timeout: float) -> SandboxContainer:  # noqa: ASYNC109 - ditto
+        """A ready container, waiting (up to ``timeout``) when the pool is drained."""
+        if self._closed:
+            raise PoolUnavailableError("the pool is closed")
+        self._refill()
+        try:
+            return await asyncio.wait_for(self._ready.get(), timeout)
+        except TimeoutError as exc:
+            raise PoolUnavailableError(
+                f"no sandbox container became ready within {timeout:.0f}s"
+                + (f"; last start failure: {self._last_error}" if self._last_error else "")
+            ) from (self._last_error or exc)
+
+    def release(self, container: SandboxContainer, *, clean: bool) -> None:
+        """Return a container after a call; only a clean, reusable one goes back."""
+        container.calls += 1
+        if self.reuse and clean and not self._closed and container.calls < self.max_calls:
+            self._ready.put_nowait(container)
+        else:
+            self.retire(container)
+
+    def retire(self, container: SandboxContainer) -> None:
+        """Destroy a container in the background and start its replacement."""
+        self._alive -= 1
+        self._spawn(self.factory.destroy(container))
+        self._refill()
+
+    def _refill(self) -> None:
+        while not self._closed and self._alive < self.size:
+            self._alive += 1
+            self._spawn(self._start_one())
+
+    async def _start_one(self) -> None:
+        try:
+            container = await self.factory.create()
+        except asyncio.CancelledError:
+            self._alive -= 1
+            raise
+        except Exception as exc:
+            self._alive -= 1
+            self._last_error = exc
+            self._failures += 1
+            delay = _RESTART_BACKOFF[min(self._failures, len(_RESTART_BACKOFF)) - 1]
+            log.warning("sandbox container failed to start (%s); retrying in %.1fs", exc, delay)
+            await asyncio.sleep(delay)
+            self._refill()
+            return
+        self._failures = 0
+        self._last_error = None
+        self.started_containers += 1
+        if self._closed:
+            await self.factory.destroy(container)
+            return
+        self._ready.put_nowait(container)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def track(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run a background step of the pool's (e.g. waiting for a reset) under its care."""
+        self._spawn(coro)
+
+    async def close(self) -> None:
+        """Stop refilling, destroy every container, wait for background work."""
+        self._closed = True
+        while not self._ready.empty():
+            self.retire(self._ready.get_nowait())
+        # Starts in flight are awaited, not cancelled: a cancelled start could leave
+        # a container that its docker-py thread creates after we stopped looking.
+        while pending := [t for t in self._tasks if not t.done()]:
+            await asyncio.gather(*pending, return_exceptions=True)
+        await self.factory.remove_pool_containers()

@@ -1,0 +1,97 @@
+"""The CLI's pure helpers: terminal escaping and exit statuses."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from retool_exec import ExecResult, Outcome
+from retool_exec.cli._terminal import escape_controls, write_untrusted
+from retool_exec.cli.cmd_run import exit_status, read_source
+
+
+def test_escape_controls_escapes_esc() -> None:
+    assert escape_controls("\x1b[31m") == "\\x1b[31m"
+
+
+def test_escape_controls_keeps_newline_and_tab() -> None:
+    assert escape_controls("a\nb\tc") == "a\nb\tc"
+
+
+def test_escape_controls_escapes_c1_csi() -> None:
+    assert escape_controls("\x9b2J") == "\\x9b2J"
+
+
+@pytest.mark.parametrize(
+    ("char", "shown"),
+    [("\x00", "\\x00"), ("\r", "\\x0d"), ("\x07", "\\x07"), ("\x7f", "\\x7f"), ("\x0b", "\\x0b")],
+)
+def test_escape_controls_escapes_other_controls(char: str, shown: str) -> None:
+    assert escape_controls(char) == shown
+
+
+def test_escape_controls_keeps_printable_unicode() -> None:
+    text = "héllo 漢字 😀 \xa0"
+    assert escape_controls(text) == text
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_write_untrusted_escapes_on_a_terminal() -> None:
+    stream = _Tty()
+    write_untrusted("\x1b]0;pwned\x07", stream)
+    assert stream.getvalue() == "\\x1b]0;pwned\\x07\n"
+
+
+def test_write_untrusted_is_raw_when_piped() -> None:
+    stream = io.StringIO()
+    write_untrusted("\x1b[31mred\n", stream)
+    assert stream.getvalue() == "\x1b[31mred\n"
+
+
+@pytest.mark.parametrize(
+    ("result", "status"),
+    [
+        (ExecResult(True, "5\n", "", 0, False, 0.03), 0),
+        (ExecResult(False, "", "Traceback ...", 1, False, 0.03), 1),
+        (ExecResult(False, "", "", None, True, 30.0), 124),
+        (ExecResult(False, "", "", -11, False, 0.1), 139),
+        (ExecResult(False, "", "", -9, False, 0.1), 137),
+        (ExecResult(False, "", "", -24, False, 0.1), 126),
+        (ExecResult(False, "", "", -9, False, 0.1, outcome=Outcome.OOM), 125),
+        (ExecResult(False, "", "", None, False, 0.1), 70),
+        (ExecResult(False, "", "", None, False, 0.0, outcome=Outcome.REJECTED), 65),
+    ],
+    ids=["success", "error", "timeout", "sigsegv", "sigkill", "cpu", "oom", "sandbox", "reject"],
+)
+def test_exit_status(result: ExecResult, status: int) -> None:
+    assert exit_status(result) == status
+
+
+def test_exit_status_for_a_huge_signal_number_stays_in_range() -> None:
+    assert exit_status(ExecResult(False, "", "", -500, False, 0.1)) == 255
+
+
+def test_every_outcome_has_an_exit_status() -> None:
+    for outcome in Outcome:
+        result = ExecResult(False, "", "", 1, False, 0.1, outcome=outcome)
+        assert 0 <= exit_status(result) <= 255
+
+
+def test_read_source_force_code() -> None:
+    assert read_source("README.md", force_code=True) == "README.md"
+
+
+def test_read_source_plain_code() -> None:
+    assert read_source("print(1)") == "print(1)"
+
+
+def test_read_source_reads_an_existing_file(tmp_path: Path) -> None:
+    path = tmp_path / "code.py"
+    path.write_text("x = 'é'\n", encoding="utf-8")
+    assert read_source(str(path)) == "x = 'é'\n"

@@ -1,0 +1,159 @@
+"""The hardening function, checked without Docker: every setting, and nothing else."""
+
+from __future__ import annotations
+
+import pytest
+
+from retool_exec import DockerConfig
+from retool_exec.backends.docker.hardening import BASE_ENV, container_spec
+
+MIB = 1024 * 1024
+
+
+def spec(**overrides: object):  # type: ignore[no-untyped-def]
+    return container_spec(DockerConfig(**overrides), image="img:tag", labels={"k": "v"})
+
+
+def test_network_is_none_and_disabled() -> None:
+    s = spec()
+    assert s.host_config["network_mode"] == "none"
+    assert s.create["network_disabled"] is True
+
+
+def test_root_is_read_only_and_tmp_is_a_capped_tmpfs() -> None:
+    s = spec(tmpfs_mb=32, tmpfs_inodes=1000)
+    assert s.host_config["read_only"] is True
+    options = s.host_config["tmpfs"]["/tmp"].split(",")
+    assert {"nosuid", "nodev", "noexec"} <= set(options)
+    assert f"size={32 * MIB}" in options
+    assert "nr_inodes=1000" in options
+    assert list(s.host_config["tmpfs"]) == ["/tmp"]
+
+
+def test_memory_equals_memswap_so_there_is_no_swap() -> None:
+    s = spec(memory_mb=512)
+    assert s.host_config["mem_limit"] == s.host_config["memswap_limit"] == 512 * MIB
+
+
+def test_pids_and_cpus_are_limited() -> None:
+    s = spec(pids=50, cpus=0.5)
+    assert s.host_config["pids_limit"] == 50
+    assert s.host_config["nano_cpus"] == 500_000_000
+
+
+def test_ulimits_cap_files_file_size_and_core() -> None:
+    ulimits = {
+        u["Name"]: (u["Soft"], u["Hard"])
+        for u in spec(nofile=100, fsize_mb=8).host_config["ulimits"]
+    }
+    assert ulimits == {"nofile": (100, 100), "fsize": (8 * MIB, 8 * MIB), "core": (0, 0)}
+
+
+def test_no_capabilities_no_new_privileges_not_privileged() -> None:
+    hc = spec().host_config
+    assert hc["cap_drop"] == ["ALL"]
+    assert "cap_add" not in hc
+    assert hc["security_opt"] == ["no-new-privileges"]
+    assert hc["privileged"] is False
+
+
+def test_non_root_user_and_neutral_hostname() -> None:
+    s = spec()
+    assert s.create["user"] == "65534:65534"
+    assert s.create["hostname"] == "sandbox"
+
+
+def test_pid1_is_the_agent_not_docker_init() -> None:
+    s = spec()
+    assert s.host_config["init"] is False
+    assert s.create["entrypoint"][-1] == "/opt/retool_exec/agent.py"
+    assert "-I" in s.create["entrypoint"]
+
+
+def test_private_ipc_small_shm_and_no_logs() -> None:
+    hc = spec(shm_mb=8).host_config
+    assert hc["ipc_mode"] == "private"
+    assert hc["shm_size"] == 8 * MIB
+    assert hc["log_config"]["Type"] == "none"
+
+
+def test_environment_comes_from_the_allowlist_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RETOOL_CANARY_SECRET", "hunter2")
+    env = spec(env={"MY_FLAG": "1"}).create["environment"]
+    assert env == {**BASE_ENV, "MY_FLAG": "1"}
+    assert "RETOOL_CANARY_SECRET" not in env
+
+
+def test_labels_are_passed_and_stdin_is_open_without_tty() -> None:
+    s = spec()
+    assert s.create["labels"] == {"k": "v"}
+    assert (s.create["stdin_open"], s.create["tty"]) == (True, False)
+
+
+def test_runtime_only_when_asked() -> None:
+    assert "runtime" not in spec().host_config
+    assert spec(runtime="runsc").host_config["runtime"] == "runsc"
+
+
+def test_preload_goes_to_the_agent_command() -> None:
+    assert spec(preload=("numpy", "sympy")).create["command"] == ["--preload", "numpy,sympy"]
+    assert spec(preload=()).create["command"] == []
+
+
+FORBIDDEN_HOST_CONFIG = {
+    "binds",
+    "mounts",
+    "volumes_from",
+    "devices",
+    "device_requests",
+    "device_cgroup_rules",
+    "cap_add",
+    "pid_mode",
+    "userns_mode",
+    "uts_mode",
+    "cgroupns",
+    "sysctls",
+    "links",
+    "extra_hosts",
+    "dns",
+    "port_bindings",
+    "publish_all_ports",
+    "volume_driver",
+}
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"policy": "fresh"}, {"runtime": "runsc"}, {"env": {"A": "b"}}, {"memory_mb": 4096}],
+)
+def test_nothing_dangerous_is_ever_written(overrides: dict[str, object]) -> None:
+    s = spec(**overrides)
+    assert not FORBIDDEN_HOST_CONFIG & set(s.host_config)
+    assert "volumes" not in s.create
+    assert s.host_config["ipc_mode"] != "host"
+    assert s.host_config["network_mode"] != "host"
+    assert "docker.sock" not in repr(s)
+
+
+def test_user_env_cannot_override_the_sandbox_env() -> None:
+    with pytest.raises(ValueError, match="set by the sandbox"):
+        DockerConfig(env={"PATH": "/evil"})
+    with pytest.raises(ValueError, match="not a valid identifier"):
+        DockerConfig(env={"A=B": "x"})
+
+
+def test_reserved_labels_are_refused() -> None:
+    with pytest.raises(ValueError, match="reserved"):
+        DockerConfig(labels={"org.retool_exec.owner": "me"})
+
+
+def test_gvisor_gets_pids_headroom_and_an_in_sandbox_nproc_limit() -> None:
+    hc = spec(runtime="runsc", pids=64).host_config
+    assert hc["pids_limit"] > 64
+    assert {"Name": "nproc", "Soft": 64, "Hard": 64} in hc["ulimits"]
+
+
+def test_runc_gets_no_nproc_limit_because_it_would_count_the_whole_host() -> None:
+    hc = spec(pids=64).host_config
+    assert hc["pids_limit"] == 64
+    assert all(u["Name"] != "nproc" for u in hc["ulimits"])
