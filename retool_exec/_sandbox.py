@@ -76,13 +76,16 @@ class Sandbox:
 
     # -- the seed's API ----------------------------------------------------
 
-    def run_code(self, code: str, *, timeout: float | None = None) -> ExecResult:
+    def run_code(
+        self, code: str, *, timeout: float | None = None, memory_mb: int | None = None
+    ) -> ExecResult:
         """Run ``code`` and wait for its result (from any thread).
 
-        ``timeout`` overrides the sandbox's limit for this call only.
+        ``timeout`` overrides the sandbox's limit for this call only;
+        ``memory_mb`` asks for a smaller memory cap where the backend supports one.
         """
         submitted = time.perf_counter()
-        request_or_result = self._prepare(code, submitted, timeout)
+        request_or_result = self._prepare(code, submitted, timeout, memory_mb)
         if isinstance(request_or_result, ExecResult):
             return request_or_result
         portal = self._ensure_portal()
@@ -95,10 +98,12 @@ class Sandbox:
             future.cancel()
             raise
 
-    async def arun_code(self, code: str, *, timeout: float | None = None) -> ExecResult:  # noqa: ASYNC109 - a sandbox limit, not a cancel scope
+    async def arun_code(
+        self, code: str, *, timeout: float | None = None, memory_mb: int | None = None
+    ) -> ExecResult:
         """Run ``code`` without blocking the caller's event loop (any loop, any thread)."""
         submitted = time.perf_counter()
-        request_or_result = self._prepare(code, submitted, timeout)
+        request_or_result = self._prepare(code, submitted, timeout, memory_mb)
         if isinstance(request_or_result, ExecResult):
             return request_or_result
         portal = self._ensure_portal()
@@ -192,13 +197,19 @@ class Sandbox:
     # -- internals ---------------------------------------------------------------
 
     def _prepare(
-        self, code: object, submitted: float, timeout: float | None = None
+        self,
+        code: object,
+        submitted: float,
+        timeout: float | None = None,
+        memory_mb: int | None = None,
     ) -> RunRequest | ExecResult:
         """Validate input in the caller's thread: a bad type raises, bad content is a result."""
         if not isinstance(code, str):
             raise TypeError(f"code must be str, not {type(code).__name__}")
         if timeout is not None and not 0 < timeout <= _MAX_TIMEOUT:
             raise ConfigError(f"timeout must be in (0, {_MAX_TIMEOUT:.0f}] seconds, got {timeout}")
+        if memory_mb is not None and memory_mb < 1:
+            raise ConfigError(f"memory_mb must be at least 1, got {memory_mb}")
         if self._closed:
             raise SandboxClosedError("this sandbox is closed")
         if len(code) > self.max_code_chars:
@@ -220,7 +231,9 @@ class Sandbox:
             return result
         if self.auto_print:
             code = add_auto_print(code)
-        return RunRequest(code=code, timeout=self.timeout if timeout is None else timeout)
+        return RunRequest(
+            code=code, timeout=self.timeout if timeout is None else timeout, memory_mb=memory_mb
+        )
 
     def _ensure_portal(self) -> LoopThread:
         with self._lock:

@@ -56,7 +56,7 @@ class WarmPool:
     def ready_count(self) -> int:
         return self._ready.qsize()
 
-    async def start(self, timeout: float) -> None:  # noqa: ASYNC109 - a readiness budget
+    async def start(self, timeout: float) -> None:
         """Fill the pool and wait until every container is ready (or one failed to start)."""
         self._refill()
         deadline = time.monotonic() + timeout
@@ -69,7 +69,7 @@ class WarmPool:
                 raise PoolUnavailableError(f"the pool was not ready within {timeout:.0f}s")
             await asyncio.sleep(0.02)
 
-    async def acquire(self, timeout: float) -> SandboxContainer:  # noqa: ASYNC109 - ditto
+    async def acquire(self, timeout: float) -> SandboxContainer:
         """A ready container, waiting (up to ``timeout``) when the pool is drained."""
         if self._closed:
             raise PoolUnavailableError("the pool is closed")
