@@ -8,6 +8,7 @@ a skipped security test proves nothing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 
@@ -20,7 +21,9 @@ TEST_LABEL = "org.retool_exec.test"
 
 # name -> config; the docker ones are filled in by tests/docker_support.py.
 BACKEND_IDS = ["local", "docker-fresh", "docker-reuse", "docker-runsc"]
-LABELS = {TEST_LABEL: "1"}
+SESSION_ID = f"{os.getpid()}"
+LABELS = {TEST_LABEL: SESSION_ID}
+"""Labels for every container a test creates; the value tells this session's apart."""
 
 
 def backend_config(backend_id: str, *, timeout: float = 10.0) -> LocalConfig | DockerConfig:
@@ -78,13 +81,14 @@ def backend_id(request: pytest.FixtureRequest) -> str:
     return bid
 
 
-def test_containers() -> list[str]:
-    """Ids of containers carrying the test label (any state)."""
+def session_containers() -> list[str]:
+    """Ids of this session's test containers (any state)."""
     import docker
 
     client = docker.from_env()
     try:
-        return [c["Id"] for c in client.api.containers(all=True, filters={"label": TEST_LABEL})]
+        label = f"{TEST_LABEL}={SESSION_ID}"
+        return [c["Id"] for c in client.api.containers(all=True, filters={"label": label})]
     finally:
         client.close()
 
@@ -94,8 +98,9 @@ def remove_test_containers() -> None:
 
     client = docker.from_env()
     try:
-        for info in client.api.containers(all=True, filters={"label": TEST_LABEL}):
-            client.api.remove_container(info["Id"], force=True)
+        for container_id in session_containers():
+            with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+                client.api.remove_container(container_id, force=True)
     finally:
         client.close()
 
@@ -112,7 +117,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Leave nothing behind: sweep labelled containers, and fail if any were left."""
     if docker_available() is not None:
         return
-    leftover = test_containers()
+    leftover = session_containers()
     if leftover:
         remove_test_containers()
         print(f"\nERROR: {len(leftover)} test container(s) were left behind and removed now")

@@ -8,6 +8,7 @@ create under a unique name); user code is never retried.
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable
 from typing import TypeVar
@@ -44,6 +45,13 @@ def daemon_address(docker_host: str | None = None) -> str:
 def connect(docker_host: str | None = None, *, timeout: int = 120) -> docker.DockerClient:
     """A client whose daemon answered a ping; a clear error naming the socket otherwise."""
     address = daemon_address(docker_host)
+    socket_path = address.removeprefix("unix://")
+    if address.startswith("unix://") and not os.path.exists(socket_path):
+        # Checked up front: docker-py leaks the socket of a failed unix connect.
+        missing = FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), socket_path)
+        raise DockerUnavailableError(
+            f"cannot reach the Docker daemon at {address}: no such socket. {_HOW_TO_START}"
+        ) from missing
     try:
         client = (
             docker.DockerClient(base_url=docker_host, timeout=timeout)

@@ -1,0 +1,174 @@
+"""Failures of the sandbox itself, caused for real: never disguised as the user's error."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import docker
+import pytest
+
+from retool_exec import (
+    BackendUnavailableError,
+    DockerConfig,
+    DockerUnavailableError,
+    ImageError,
+    Outcome,
+    Sandbox,
+)
+from retool_exec.backends.docker.backend import DockerBackend
+from retool_exec.backends.docker.client import RETRY_ATTEMPTS, is_transient, retry_docker
+from tests.conftest import LABELS, require_docker
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture()
+def reuse_one() -> Iterator[Sandbox]:
+    require_docker()
+    sandbox = Sandbox(
+        DockerConfig(policy="reuse", pool_size=1, timeout=10, host_grace=1.0, labels=LABELS),
+        max_workers=1,
+    )
+    sandbox.start()
+    yield sandbox
+    sandbox.close()
+
+
+def _pool_container_ids(sandbox: Sandbox) -> list[str]:
+    backend = sandbox.backend
+    assert isinstance(backend, DockerBackend)
+    client = docker.from_env()
+    try:
+        factory = backend._factory
+        assert factory is not None
+        return [
+            c["Id"]
+            for c in client.api.containers(
+                filters={"label": f"org.retool_exec.pool={factory.pool_id}"}
+            )
+        ]
+    finally:
+        client.close()
+
+
+def _in_background(sandbox: Sandbox, code: str) -> tuple[threading.Thread, list[object]]:
+    box: list[object] = []
+    thread = threading.Thread(target=lambda: box.append(sandbox.run_code(code)))
+    thread.start()
+    return thread, box
+
+
+def test_container_killed_mid_call_is_a_sandbox_error_and_is_replaced(reuse_one: Sandbox) -> None:
+    [container_id] = _pool_container_ids(reuse_one)
+    thread, box = _in_background(reuse_one, "import time\ntime.sleep(8)\nprint('done')")
+    time.sleep(1.0)
+    client = docker.from_env()
+    try:
+        client.api.kill(container_id)
+    finally:
+        client.close()
+    thread.join(15)
+    [result] = box
+    assert result.outcome is Outcome.SANDBOX_ERROR  # type: ignore[attr-defined]
+    assert result.returncode is None  # type: ignore[attr-defined]
+    assert "failed mid-call" in result.detail  # type: ignore[attr-defined]
+    assert reuse_one.format_tool_content(result).startswith("Error: the sandbox failed")  # type: ignore[arg-type]
+    assert reuse_one.run_code("print('next')").stdout == "next\n"
+    assert container_id not in _pool_container_ids(reuse_one)
+    assert reuse_one.stats.sandbox_errors == 1
+
+
+def test_silent_agent_hits_the_host_deadline(reuse_one: Sandbox) -> None:
+    [container_id] = _pool_container_ids(reuse_one)
+    thread, box = _in_background(reuse_one, "import time\ntime.sleep(1)\nprint('done')")
+    time.sleep(0.3)
+    client = docker.from_env()
+    try:
+        client.api.pause(container_id)  # freezes the agent: it can no longer answer
+    finally:
+        client.close()
+    started = time.monotonic()
+    thread.join(30)
+    [result] = box
+    assert result.outcome is Outcome.SANDBOX_ERROR  # type: ignore[attr-defined]
+    assert "silent" in result.detail  # type: ignore[attr-defined]
+    assert time.monotonic() - started < 10 + 1.0 + 3
+    assert reuse_one.run_code("print('next')").stdout == "next\n"
+
+
+def test_oom_is_reported_as_oom_not_timeout_nor_sandbox_error() -> None:
+    require_docker()
+    config = DockerConfig(policy="reuse", pool_size=1, memory_mb=128, timeout=20, labels=LABELS)
+    with Sandbox(config) as sandbox:
+        result = sandbox.run_code("x = bytearray(512 * 1024 * 1024)\nprint(len(x))")
+        assert result.outcome is Outcome.OOM
+        assert (result.ok, result.timed_out) == (False, False)
+        assert result.returncode == -9
+        assert sandbox.run_code("print('alive')").stdout == "alive\n"
+        assert sandbox.stats.metrics()["sandbox/oom_rate"] == 0.5
+
+
+def test_unreachable_daemon_names_the_socket_and_how_to_start_docker() -> None:
+    config = DockerConfig(docker_host="unix:///nonexistent/retool-docker.sock", labels=LABELS)
+    with pytest.raises(DockerUnavailableError, match="nonexistent/retool-docker.sock") as info:
+        Sandbox(config).start()
+    assert "Start Docker" in str(info.value)
+    assert info.value.__cause__ is not None
+
+
+def test_missing_runtime_is_a_clear_error() -> None:
+    require_docker()
+    config = DockerConfig(runtime="no-such-runtime", labels=LABELS)
+    with pytest.raises(BackendUnavailableError, match="no runtime 'no-such-runtime'"):
+        Sandbox(config).start()
+
+
+def test_missing_image_without_auto_build_is_a_clear_error() -> None:
+    require_docker()
+    config = DockerConfig(image="retool-exec-sandbox:does-not-exist", labels=LABELS)
+    with pytest.raises(ImageError, match="retool-exec image build"):
+        Sandbox(config).start()
+
+
+def test_transient_daemon_errors_are_retried_and_others_are_not() -> None:
+    calls: list[int] = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise docker.errors.APIError("busy", response=_FakeResponse(500))
+        return "ok"
+
+    assert retry_docker(flaky) == "ok"
+    assert len(calls) == 3
+
+    def always_busy() -> str:
+        calls.append(1)
+        raise docker.errors.APIError("busy", response=_FakeResponse(503))
+
+    calls.clear()
+    with pytest.raises(docker.errors.APIError):
+        retry_docker(always_busy)
+    assert len(calls) == RETRY_ATTEMPTS
+
+    calls.clear()
+
+    def not_found() -> str:
+        calls.append(1)
+        raise docker.errors.NotFound("gone")
+
+    with pytest.raises(docker.errors.NotFound):
+        retry_docker(not_found)
+    assert len(calls) == 1
+    assert not is_transient(docker.errors.APIError("bad", response=_FakeResponse(400)))
+
+
+class _FakeResponse:
+    """Just enough of requests.Response for docker.errors.APIError.status_code."""
+
+    def __init__(self, status_code: int) -> None:
+        self.status_code = status_code
+        self.reason = "test"
+        self.url = "http+docker://localhost/test"

@@ -1,0 +1,111 @@
+"""The two pool policies, observed on real containers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import docker
+import pytest
+
+from retool_exec import DockerConfig, Sandbox
+from retool_exec.backends.docker.backend import DockerBackend
+from retool_exec.backends.docker.containers import SandboxContainer
+from tests.conftest import LABELS, require_docker
+
+pytestmark = pytest.mark.docker
+
+
+def _record_containers(sandbox: Sandbox) -> list[str]:
+    """Patch the backend so every call records the id of the container that served it."""
+    backend = sandbox.backend
+    assert isinstance(backend, DockerBackend)
+    seen: list[str] = []
+    original = backend._call
+
+    async def recording(container: SandboxContainer, request: Any) -> dict[str, Any]:
+        seen.append(container.id)
+        return await original(container, request)
+
+    backend._call = recording  # type: ignore[method-assign]
+    return seen
+
+
+@pytest.fixture()
+def fresh() -> Iterator[Sandbox]:
+    require_docker()
+    with Sandbox(DockerConfig(policy="fresh", pool_size=2, labels=LABELS), max_workers=2) as sb:
+        sb.start()
+        yield sb
+
+
+@pytest.fixture()
+def reuse_one() -> Iterator[Sandbox]:
+    require_docker()
+    config = DockerConfig(policy="reuse", pool_size=1, max_calls_per_container=3, labels=LABELS)
+    with Sandbox(config, max_workers=1) as sb:
+        sb.start()
+        yield sb
+
+
+def test_fresh_never_reuses_a_container(fresh: Sandbox) -> None:
+    seen = _record_containers(fresh)
+    results = fresh.run_many(["print(1)"] * 6)
+    assert all(r.ok for r in results)
+    assert len(set(seen)) == len(seen) == 6
+
+
+def test_reuse_serves_k_calls_then_retires_the_container(reuse_one: Sandbox) -> None:
+    seen = _record_containers(reuse_one)
+    for _ in range(7):
+        assert reuse_one.run_code("print(1)").ok
+    assert seen[0] == seen[1] == seen[2]
+    assert seen[3] == seen[4] == seen[5]
+    assert len({seen[0], seen[3], seen[6]}) == 3
+
+
+def test_reuse_reset_leaves_nothing_for_the_next_call(reuse_one: Sandbox) -> None:
+    seen = _record_containers(reuse_one)
+    dirty = reuse_one.run_code(
+        "import os, subprocess, sys, ctypes\n"
+        "open('/tmp/left', 'w').write('x')\n"
+        "os.makedirs('/tmp/d/e', exist_ok=True)\n"
+        "os.chmod('/tmp/d', 0)\n"
+        "open('/dev/shm/left', 'w').write('x')\n"
+        "libc = ctypes.CDLL(None)\n"
+        "print(libc.shmget(0, 4096, 0o1600))\n"  # IPC_PRIVATE | IPC_CREAT | 0600
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],"
+        " start_new_session=True)\n"
+    )
+    assert dirty.ok, dirty
+    assert int(dirty.stdout) >= 0
+    check = reuse_one.run_code(
+        "import os\n"
+        "print(sorted(os.listdir('/tmp')), sorted(os.listdir('/dev/shm')))\n"
+        "print(open('/proc/sysvipc/shm').read().count('\\n') - 1)\n"
+        "print(sorted(p for p in os.listdir('/proc') if p.isdigit() and p not in "
+        "(str(os.getpid()), '1')))"
+    )
+    assert seen[0] == seen[1], "the reset must have kept the container"
+    assert check.stdout == "[] []\n0\n[]\n", check
+
+
+def test_closing_removes_every_container() -> None:
+    require_docker()
+    sandbox = Sandbox(DockerConfig(policy="fresh", pool_size=3, labels=LABELS))
+    sandbox.start()
+    backend = sandbox.backend
+    assert isinstance(backend, DockerBackend) and backend._factory is not None
+    pool_label = f"org.retool_exec.pool={backend._factory.pool_id}"
+    sandbox.run_many(["print(1)"] * 4)
+    assert containers_with_label(pool_label)
+    sandbox.close()
+    assert containers_with_label(pool_label) == []
+
+
+def containers_with_label(label: str) -> list[str]:
+    client = docker.from_env()
+    try:
+        return [c["Id"] for c in client.api.containers(all=True, filters={"label": label})]
+    finally:
+        client.close()
