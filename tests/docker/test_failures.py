@@ -112,7 +112,7 @@ def test_oom_is_reported_as_oom_not_timeout_nor_sandbox_error() -> None:
 
 def test_unreachable_daemon_names_the_socket_and_how_to_start_docker() -> None:
     config = DockerConfig(docker_host="unix:///nonexistent/retool-docker.sock", labels=LABELS)
-    with pytest.raises(DockerUnavailableError, match="nonexistent/retool-docker.sock") as info:
+    with pytest.raises(DockerUnavailableError, match=r"nonexistent/retool-docker\.sock") as info:
         Sandbox(config).start()
     assert "Start Docker" in str(info.value)
     assert info.value.__cause__ is not None
