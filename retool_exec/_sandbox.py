@@ -72,7 +72,7 @@ class Sandbox:
         self._start_lock: asyncio.Lock | None = None
         self._started = False
         self._closed = False
-        atexit.register(_close_at_exit, weakref.ref(self))
+        _open_sandboxes.add(self)
 
     # -- the seed's API ----------------------------------------------------
 
@@ -149,6 +149,7 @@ class Sandbox:
                 return
             self._closed = True
             portal, self._portal = self._portal, None
+        _open_sandboxes.discard(self)
         if portal is None:
             return
         try:
@@ -296,7 +297,11 @@ class LocalPythonSandbox(Sandbox):
         self.python = python
 
 
-def _close_at_exit(ref: weakref.ref[Sandbox]) -> None:
-    sandbox = ref()
-    if sandbox is not None:
+_open_sandboxes: weakref.WeakSet[Sandbox] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_sandboxes() -> None:
+    """At interpreter exit, close what the caller forgot to (containers must not leak)."""
+    for sandbox in list(_open_sandboxes):
         sandbox.close()
