@@ -13,7 +13,12 @@ from retool_exec._formatting import (
     truncate_tail,
 )
 
-__all__ = ["TailBuffer", "finish_stream"]
+__all__ = ["TailBuffer", "finish_stream", "read_cap_bytes"]
+
+
+def read_cap_bytes(max_chars: int) -> int:
+    """Bytes of a stream's tail to keep for ``max_chars`` characters (the seed's 4x)."""
+    return 4 * max_chars
 
 
 class TailBuffer:

@@ -29,7 +29,7 @@ import signal
 import time
 
 from retool_exec._models import ExecResult, Outcome, classify_exit
-from retool_exec._output import TailBuffer
+from retool_exec._output import TailBuffer, read_cap_bytes
 from retool_exec.backends.base import Backend, RunRequest
 from retool_exec.backends.config import LocalConfig
 
@@ -46,6 +46,8 @@ CHILD_ENV_OVERRIDES = {
 # Runs in the child. The code arrives on stdin (never in argv or a shell);
 # stdin is then pointed at /dev/null, and the helper removes itself from
 # __main__ before the code runs, so the namespace is as clean as the seed's.
+# Errors are printed without this bootstrap's own frame, so a traceback
+# starts at File "<sandbox>" exactly as in the Docker backend.
 _BOOTSTRAP = (
     "def _retool_boot():\n"
     "    import os, resource, sys\n"
@@ -54,8 +56,19 @@ _BOOTSTRAP = (
     "    fd = os.open(os.devnull, os.O_RDONLY)\n"
     "    os.dup2(fd, 0)\n"
     "    os.close(fd)\n"
-    "    return compile(source.decode('utf-8', 'surrogatepass'), '<sandbox>', 'exec')\n"
-    "exec(globals().pop('_retool_boot')())\n"
+    "    try:\n"
+    "        return compile(source.decode('utf-8', 'surrogatepass'), '<sandbox>', 'exec')\n"
+    "    except Exception as exc:\n"
+    "        sys.excepthook(type(exc), exc.with_traceback(None), None)\n"
+    "        raise SystemExit(1) from None\n"
+    "try:\n"
+    "    exec(globals().pop('_retool_boot')())\n"
+    "except SystemExit:\n"
+    "    raise\n"
+    "except BaseException as _retool_exc:\n"
+    "    _retool_exc.with_traceback(_retool_exc.__traceback__.tb_next)\n"
+    "    __import__('sys').excepthook(type(_retool_exc), _retool_exc, _retool_exc.__traceback__)\n"
+    "    raise SystemExit(1) from None\n"
 )
 
 _PIPE_GRACE = 0.25
@@ -77,7 +90,7 @@ class LocalSubprocessBackend(Backend):
     async def run(self, request: RunRequest) -> ExecResult:
         started = time.perf_counter()
         loop = asyncio.get_running_loop()
-        capture = _Capture(loop)
+        capture = _Capture(loop, read_cap_bytes(self.config.max_output_chars))
         try:
             transport, _ = await loop.subprocess_exec(
                 lambda: capture,
@@ -139,9 +152,9 @@ class _Capture(asyncio.SubprocessProtocol):
     something else still holds its pipes (``Process.wait()`` would wait for both).
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.stdout = TailBuffer()
-        self.stderr = TailBuffer()
+    def __init__(self, loop: asyncio.AbstractEventLoop, cap_bytes: int) -> None:
+        self.stdout = TailBuffer(cap_bytes)
+        self.stderr = TailBuffer(cap_bytes)
         self.exited: asyncio.Future[None] = loop.create_future()
         self.pipes_closed: asyncio.Future[None] = loop.create_future()
         self._open_pipes = {1, 2}

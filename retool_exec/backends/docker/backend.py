@@ -18,9 +18,8 @@ import docker
 import docker.errors
 
 from retool_exec._errors import BackendUnavailableError, ImageError
-from retool_exec._formatting import READ_CAP_BYTES
 from retool_exec._models import ExecResult, Outcome, classify_exit
-from retool_exec._output import finish_stream
+from retool_exec._output import finish_stream, read_cap_bytes
 from retool_exec.backends.base import Backend, RunRequest
 from retool_exec.backends.config import DockerConfig
 from retool_exec.backends.docker.client import connect, retry_docker
@@ -161,7 +160,7 @@ class DockerBackend(Backend):
             "code": request.code,
             "timeout": request.timeout,
             "cpu_seconds": request.cpu_seconds,
-            "read_cap": READ_CAP_BYTES,
+            "read_cap": read_cap_bytes(self.config.max_output_chars),
             "reset": self.config.policy == "reuse",
         }
         if request.memory_mb is not None:
