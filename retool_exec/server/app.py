@@ -1,0 +1,238 @@
+"""The ASGI app: SandboxFusion's endpoints plus retool_exec's own.
+
+=========================  ==================================================
+``GET  /v1/ping``          ``"pong"`` (never needs the token: for probes)
+``POST /run_code``         SandboxFusion's ``RunCodeRequest`` → ``RunCodeResponse``
+``POST /run_jupyter``      SandboxFusion's notebook call (see ``jupyter.py``)
+``POST /v1/exec``          ``{"code", "timeout", "memory_mb"}`` → ``ExecResult``
+``GET  /v1/metrics``       the sandbox's metrics and the queue's gauges
+=========================  ==================================================
+
+Every route is also served under ``settings.prefix`` (``/faas/sandbox/run_code``
+as well as ``/run_code``). HTTP statuses: 200 for every outcome of the code,
+including the sandbox failing (``"status": "SandboxError"``); 400/413/422
+for a request that cannot be served as given (the message says why); 401
+without the token; 504 only when the server is full (clients retry on it).
+
+Bodies are parsed here, not by FastAPI's parameter machinery, so any content
+type is read as JSON (``curl -d`` sends a form type) and a broken body gets
+one clear sentence instead of a framework error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any, TypeVar
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ValidationError
+
+from retool_exec import __version__
+from retool_exec._models import ExecResult, Outcome
+from retool_exec._sandbox import Sandbox
+from retool_exec.backends.base import Backend
+from retool_exec.backends.config import BackendConfigBase
+from retool_exec.backends.registry import _config_class
+from retool_exec.server.admission import Overloaded
+from retool_exec.server.files import RequestRejected
+from retool_exec.server.guards import BodyLimitMiddleware, TokenMiddleware
+from retool_exec.server.schemas import (
+    ExecRequest,
+    RunCodeRequest,
+    RunCodeResponse,
+    RunJupyterRequest,
+    RunJupyterResponse,
+)
+from retool_exec.server.service import SandboxService
+from retool_exec.server.settings import ServerSettings
+
+__all__ = ["OUTCOME_HEADER", "create_app"]
+
+OUTCOME_HEADER = "X-Retool-Exec-Outcome"
+"""Response header with retool_exec's ``Outcome`` (``oom``, ``cpu_limit``, ...),
+which SandboxFusion's enums cannot express."""
+
+_MAX_REPORTED_ERRORS = 10
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def create_app(
+    sandbox_or_config: Sandbox | BackendConfigBase | Backend | str = "docker",
+    *,
+    settings: ServerSettings | None = None,
+    prefix: str | None = None,
+) -> FastAPI:
+    """The SandboxFusion-compatible app over a sandbox.
+
+    ``sandbox_or_config`` is a ready ``Sandbox`` (the app starts it but never
+    closes it: it is yours), or a backend name, config or ``Backend`` from
+    which the app builds its own sandbox at startup and closes at shutdown.
+    A sandbox the app builds keeps ``settings.sandbox_output_chars`` of each
+    stream, so fetched files and cell records fit beside the code's output.
+    ``prefix`` overrides ``settings.prefix``.
+    """
+    settings = settings or ServerSettings()
+    if prefix is not None:
+        settings = ServerSettings.model_validate({**settings.model_dump(), "prefix": prefix})
+    sandbox, owned = _sandbox_for(sandbox_or_config, settings)
+    service = SandboxService(sandbox, settings, owned=owned)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await service.start()
+        try:
+            yield
+        finally:
+            await service.close()
+
+    app = FastAPI(
+        title="retool_exec sandbox server",
+        version=__version__,
+        description="SandboxFusion-compatible API over retool_exec's hardened sandbox.",
+        lifespan=lifespan,
+    )
+    app.state.service = service
+    router = _router(service)
+    app.include_router(router)
+    if settings.prefix:
+        app.include_router(router, prefix=settings.prefix, include_in_schema=False)
+    _add_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    if settings.token is not None:
+        open_paths = {"/v1/ping", f"{settings.prefix}/v1/ping"}
+        app.add_middleware(
+            TokenMiddleware, token=settings.token.get_secret_value(), open_paths=open_paths
+        )
+    return app
+
+
+def _sandbox_for(
+    spec: Sandbox | BackendConfigBase | Backend | str, settings: ServerSettings
+) -> tuple[Sandbox, bool]:
+    if isinstance(spec, Sandbox):
+        return spec, False
+    workers = settings.max_concurrency or 8
+    if isinstance(spec, Backend):
+        return Sandbox(spec, max_workers=workers), True
+    config = _config_class(spec)() if isinstance(spec, str) else spec
+    if config.max_output_chars < settings.sandbox_output_chars:
+        config = config.model_copy(update={"max_output_chars": settings.sandbox_output_chars})
+    return Sandbox(config, max_workers=workers), True
+
+
+def _router(service: SandboxService) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/v1/ping", tags=["sandbox"])
+    async def ping() -> str:
+        """Liveness: always ``"pong"``."""
+        return "pong"
+
+    @router.post(
+        "/run_code",
+        response_model=RunCodeResponse,
+        tags=["sandbox"],
+        openapi_extra=_body(RunCodeRequest),
+    )
+    async def run_code(request: Request) -> Response:
+        """Run code (SandboxFusion's API)."""
+        body = _parse(RunCodeRequest, await request.body())
+        response, outcome = await service.run_code(body)
+        return _answer(response, outcome)
+
+    @router.post(
+        "/run_jupyter",
+        response_model=RunJupyterResponse,
+        tags=["sandbox"],
+        openapi_extra=_body(RunJupyterRequest),
+    )
+    async def run_jupyter(request: Request) -> Response:
+        """Run notebook cells in order in one sandbox (SandboxFusion's API)."""
+        body = _parse(RunJupyterRequest, await request.body())
+        response, outcome = await service.run_jupyter(body)
+        return _answer(response, outcome)
+
+    @router.post(
+        "/v1/exec",
+        response_model=ExecResult,
+        tags=["retool_exec"],
+        openapi_extra=_body(ExecRequest),
+    )
+    async def exec_code(request: Request) -> Response:
+        """Run code and get retool_exec's full ``ExecResult``."""
+        result = await service.exec(_parse(ExecRequest, await request.body()))
+        return Response(
+            result.model_dump_json(),
+            media_type="application/json",
+            headers={OUTCOME_HEADER: result.outcome.value},
+        )
+
+    @router.get("/v1/metrics", tags=["retool_exec"])
+    async def metrics() -> dict[str, float]:
+        """The sandbox's cumulative metrics and the queue's current state."""
+        return service.metrics()
+
+    return router
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestRejected)
+    async def rejected(_request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestRejected)
+        content: dict[str, Any] = {"detail": str(exc)}
+        errors = getattr(exc, "errors", None)
+        if errors:
+            content["errors"] = errors
+        return JSONResponse(content, status_code=exc.status)
+
+    @app.exception_handler(Overloaded)
+    async def overloaded(_request: Request, exc: Exception) -> Response:
+        return JSONResponse({"detail": str(exc)}, status_code=504, headers={"Retry-After": "1"})
+
+
+class _InvalidBody(RequestRejected):
+    def __init__(self, message: str, *, status: int, errors: list[dict[str, Any]]) -> None:
+        super().__init__(message, status=status)
+        self.errors = errors
+
+
+def _parse(model: type[M], raw: bytes) -> M:
+    """``model`` from a JSON body, or a 400 (not JSON) / 422 (wrong shape) with the reason."""
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        errors = [
+            {"loc": list(error["loc"]), "msg": error["msg"], "type": error["type"]}
+            for error in exc.errors(include_url=False, include_input=False)
+        ]
+        if any(error["type"] == "json_invalid" for error in errors):
+            reason = errors[0]["msg"] if raw.strip() else "the body is empty"
+            raise _InvalidBody(
+                f"the request body is not valid JSON: {reason}", status=400, errors=errors
+            ) from exc
+        parts = [
+            f"{'.'.join(str(part) for part in error['loc']) or 'body'}: {error['msg']}"
+            for error in errors[:_MAX_REPORTED_ERRORS]
+        ]
+        message = f"invalid {model.__name__}: " + "; ".join(parts)
+        raise _InvalidBody(message, status=422, errors=errors) from exc
+
+
+def _answer(response: RunCodeResponse | RunJupyterResponse, outcome: Outcome) -> Response:
+    content = response.model_dump(mode="json")
+    if content.get("request_id") is None:
+        del content["request_id"]  # echoed only when the client sent one
+    return JSONResponse(content, headers={OUTCOME_HEADER: outcome.value})
+
+
+def _body(model: type[BaseModel]) -> dict[str, Any]:
+    """OpenAPI for a body we parse ourselves."""
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": model.model_json_schema()}},
+        }
+    }

@@ -1,0 +1,79 @@
+"""The server's limits and switches, in one validated model.
+
+Every limit a client can ask for (``run_timeout``, ``memory_limit_MB``) is
+clamped to a maximum here, so a client cannot book the server for an hour or
+ask for more memory than the operator allows. Sizes are bounded before any
+work is done: the body, each uploaded file, all files together, and what
+``fetch_files`` may bring back.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+__all__ = ["DEFAULT_SANDBOX_TAIL_CHARS", "ServerSettings", "normalize_prefix"]
+
+DEFAULT_SANDBOX_TAIL_CHARS = 16384
+"""Characters of each stream a server-built sandbox keeps (the backends read at
+most 16 KiB of a stream's tail). Responses are cut to ``output_chars`` after
+the server has taken its own records (fetched files, notebook cells) out."""
+
+
+def normalize_prefix(prefix: str) -> str:
+    """``"faas/sandbox/"`` → ``"/faas/sandbox"``; ``""`` and ``"/"`` → ``""``."""
+    cleaned = "/" + prefix.strip().strip("/")
+    return "" if cleaned == "/" else cleaned
+
+
+class ServerSettings(BaseModel):
+    """How the SandboxFusion-compatible server admits, limits and answers requests."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_concurrency: int | None = Field(default=None, ge=1, le=4096)
+    """Requests running at once; None uses the sandbox's ``max_workers``."""
+    max_queue: int = Field(default=256, ge=0, le=1 << 20)
+    """Requests that may wait for a slot; one more is refused at once with HTTP 504."""
+    queue_timeout: float | None = Field(default=30.0, gt=0)
+    """Seconds a request may wait for a slot before it is refused with HTTP 504
+    (clients such as verl retry on 504); None waits as long as it takes."""
+    token: SecretStr | None = None
+    """When set, every endpoint except ``/v1/ping`` needs ``Authorization: Bearer
+    <token>`` (or HTTP Basic auth with the token as the password)."""
+    prefix: str = ""
+    """Path prefix the API is served under as well as at the root (e.g. ``/faas/sandbox``)."""
+    default_run_timeout: float = Field(default=10.0, gt=0)
+    """Seconds for a request that does not say (SandboxFusion's default)."""
+    max_run_timeout: float = Field(default=120.0, gt=0, le=24 * 3600)
+    """Upper bound on ``run_timeout`` / ``total_timeout``; larger requests are clamped."""
+    max_memory_mb: int | None = Field(default=None, ge=16)
+    """Upper bound on ``memory_limit_MB`` (also used when a request gives none);
+    None leaves it to the backend (the container's own limit stays the hard cap)."""
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    """Largest request body; larger ones get HTTP 413 before they are parsed."""
+    max_files: int = Field(default=64, ge=0)
+    """Most entries in ``files`` and in ``fetch_files``, each."""
+    max_file_bytes: int = Field(default=1024 * 1024, ge=0)
+    """Largest decoded file in ``files``."""
+    max_files_total_bytes: int = Field(default=4 * 1024 * 1024, ge=0)
+    """Largest total of decoded ``files``."""
+    max_fetch_bytes: int = Field(default=8 * 1024, ge=0)
+    """Most bytes ``fetch_files`` returns per request, all files together. Fetched
+    files travel back in the sandbox's stdout tail (16 KiB), base64-encoded."""
+    output_chars: int = Field(default=4096, ge=0, le=1 << 20)
+    """Characters of stdout/stderr kept in a response (the tail, the seed's rule)."""
+    max_cells: int = Field(default=128, ge=1)
+    """Most cells in one ``/run_jupyter`` request."""
+    jupyter_output_chars: int = Field(default=4096, ge=256)
+    """Output budget shared by a notebook's cells: each cell keeps the tail of its
+    stdout, stderr, display and traceback up to ``max(128, this // cells)`` chars each."""
+    sandbox_output_chars: int = Field(default=DEFAULT_SANDBOX_TAIL_CHARS, ge=1024, le=1 << 20)
+    """``max_output_chars`` given to a sandbox the server builds from a config."""
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix_is_a_path(cls, prefix: str) -> str:
+        cleaned = normalize_prefix(prefix)
+        if any(part in {".", ".."} for part in cleaned.split("/")) or "?" in cleaned:
+            raise ValueError(f"prefix {prefix!r} is not a plain path")
+        return cleaned

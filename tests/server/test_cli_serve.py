@@ -1,0 +1,116 @@
+"""``retool-exec serve``: arguments, refusals, and one real run as a subprocess."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from retool_exec.backends.config import DockerConfig, LocalConfig
+from retool_exec.cli import build_parser, main
+from retool_exec.cli.cmd_serve import TOKEN_ENV, build_config, is_loopback
+
+pytestmark = pytest.mark.server
+
+
+def test_defaults_bind_to_loopback_with_docker() -> None:
+    args = build_parser().parse_args(["serve"])
+    assert (args.host, args.port, args.backend) == ("127.0.0.1", 8080, "docker")
+    config = build_config(args)
+    assert isinstance(config, DockerConfig)
+    assert config.policy == "reuse"
+    assert config.memory_mb == 1024
+
+
+def test_options_reach_the_config() -> None:
+    args = build_parser().parse_args(
+        ["serve", "--max-concurrency", "6", "--max-memory-mb", "2048", "--policy", "fresh"]
+    )
+    config = build_config(args)
+    assert isinstance(config, DockerConfig)
+    assert (config.pool_size, config.memory_mb, config.policy) == (6, 2048, "fresh")
+    local = build_config(build_parser().parse_args(["serve", "--backend", "local"]))
+    assert isinstance(local, LocalConfig)
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("::1", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("10.0.0.5", False),
+    ],
+)
+def test_is_loopback(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback
+
+
+def test_local_backend_is_refused_off_loopback(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--backend", "local", "--host", "0.0.0.0"]) == 2
+    assert "without isolation" in capsys.readouterr().err
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def test_serve_runs_as_a_process_with_a_token_from_the_environment() -> None:
+    port = _free_port()
+    env = {**os.environ, TOKEN_ENV: "env-token"}
+    command = [
+        sys.executable,
+        "-m",
+        "retool_exec.cli",
+        "serve",
+        "--backend",
+        "local",
+        "--port",
+        str(port),
+        "--root-path",
+        "/faas/sandbox/",
+        "--log-level",
+        "warning",
+    ]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{base}/v1/ping", timeout=1).json() == "pong":
+                    break
+            except httpx.TransportError:
+                pass
+            assert process.poll() is None, process.communicate()[1].decode()
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        body = {"code": "print(6 * 7)"}
+        assert httpx.post(f"{base}/faas/sandbox/run_code", json=body).status_code == 401
+        response = httpx.post(
+            f"{base}/faas/sandbox/run_code",
+            json=body,
+            headers={"Authorization": "Bearer env-token"},
+            timeout=30,
+        )
+        assert response.json()["run_result"]["stdout"] == "42\n"
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            _, stderr = process.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            _, stderr = process.communicate()
+    # A clean shutdown on Ctrl-C: uvicorn re-raises SIGINT, `main` maps it to 130.
+    assert process.returncode == 130
+    assert b"Traceback" not in stderr

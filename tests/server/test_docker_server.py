@@ -1,0 +1,112 @@
+"""The server over the hardened Docker backend: memory limits, files, 128 requests in flight."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+import httpx
+import pytest
+
+from retool_exec.server import OUTCOME_HEADER
+from tests.server.conftest import verl_body
+
+pytestmark = [pytest.mark.server, pytest.mark.docker]
+
+
+def test_verl_body_runs_in_the_container(docker_url: str, client: httpx.Client) -> None:
+    code = "import os, socket\nprint(os.getuid() != 0, socket.gethostname() != '')"
+    body = client.post(f"{docker_url}/run_code", json=verl_body(code)).json()
+    assert body["status"] == "Success", body
+    assert body["run_result"]["stdout"] == "True True\n"
+
+
+def test_error_traceback_reads_exactly_as_the_library_s(
+    docker_url: str, client: httpx.Client
+) -> None:
+    body = client.post(f"{docker_url}/run_code", json=verl_body("x = 1\n1 / 0")).json()
+    assert body["status"] == "Failed"
+    assert body["run_result"]["return_code"] == 1
+    assert body["run_result"]["stderr"] == (
+        'Traceback (most recent call last):\n  File "<sandbox>", line 2, in <module>\n'
+        "ZeroDivisionError: division by zero\n"
+    )
+
+
+def test_memory_limit_mb_is_enforced_per_request(docker_url: str, client: httpx.Client) -> None:
+    code = "x = bytearray(512 * 1024 * 1024)\nprint('allocated')"
+    limited = client.post(f"{docker_url}/run_code", json=verl_body(code, memory_limit_MB=256))
+    body = limited.json()
+    assert body["status"] == "Failed"
+    assert body["run_result"]["status"] == "Finished"
+    assert body["run_result"]["return_code"] == 1
+    assert body["run_result"]["stderr"].endswith("MemoryError\n")
+    roomy = client.post(f"{docker_url}/run_code", json=verl_body(code, memory_limit_MB=1024))
+    assert roomy.json()["run_result"]["stdout"] == "allocated\n"
+
+
+def test_container_oom_kill_is_finished_minus_9_failed(
+    docker_url: str, client: httpx.Client
+) -> None:
+    # No per-call limit (-1): the container's own 1024 MB limit is the hard cap.
+    code = "x = bytearray(3000 * 1024 * 1024)\nprint('allocated')"
+    response = client.post(f"{docker_url}/run_code", json=verl_body(code, memory_limit_MB=-1))
+    body = response.json()
+    assert response.headers[OUTCOME_HEADER] == "oom"
+    assert body["status"] == "Failed"
+    assert body["run_result"]["status"] == "Finished"
+    assert body["run_result"]["return_code"] == -9
+    assert body["message"].startswith("out of memory")
+
+
+def test_timeout_in_the_container(docker_url: str, client: httpx.Client) -> None:
+    code = "print('tick', flush=True)\nwhile True: pass"
+    body = client.post(f"{docker_url}/run_code", json=verl_body(code, run_timeout=1)).json()
+    assert body["run_result"]["status"] == "TimeLimitExceeded"
+    assert body["run_result"]["return_code"] is None
+    assert body["run_result"]["stdout"] == "tick\n"
+    assert body["status"] == "Failed"
+
+
+def test_files_stay_inside_the_container(docker_url: str, client: httpx.Client) -> None:
+    code = (
+        "import os\n"
+        "print(os.getcwd().startswith('/tmp/sandbox-'), open('in.txt').read())\n"
+        "open('out.txt', 'w').write('from the container')\n"
+        "os.symlink('/etc/hostname', 'host.txt')\n"
+    )
+    files = {"in.txt": base64.b64encode(b"hello").decode()}
+    body = verl_body(code, files=files, fetch_files=["out.txt", "host.txt"])
+    response = client.post(f"{docker_url}/run_code", json=body).json()
+    assert response["run_result"]["stdout"] == "True hello\n"
+    assert base64.b64decode(response["files"]["out.txt"]) == b"from the container"
+    assert "host.txt" not in response["files"]
+    assert "not followed" in response["message"]
+
+
+def test_os_exit_skips_the_read_back_and_says_so(docker_url: str, client: httpx.Client) -> None:
+    # In the container, /tmp is wiped after the call; on the local backend the
+    # working directory of an os._exit()ed program would stay behind on the host.
+    code = "import os\nopen('f', 'w').write('x')\nos._exit(0)"
+    response = client.post(f"{docker_url}/run_code", json=verl_body(code, fetch_files=["f"]))
+    body = response.json()
+    assert body["files"] == {}
+    assert "nothing returned" in body["message"]
+
+
+def test_128_concurrent_requests_all_succeed(docker_url: str) -> None:
+    async def storm() -> list[httpx.Response]:
+        limits = httpx.Limits(max_connections=128, max_keepalive_connections=128)
+        async with httpx.AsyncClient(timeout=70.0, limits=limits) as client:
+            return await asyncio.gather(
+                *(
+                    client.post(f"{docker_url}/run_code", json=verl_body(f"print({i} * 2)"))
+                    for i in range(128)
+                )
+            )
+
+    responses = asyncio.run(storm())
+    assert [response.status_code for response in responses] == [200] * 128
+    stdouts = [response.json()["run_result"]["stdout"] for response in responses]
+    assert stdouts == [f"{i * 2}\n" for i in range(128)]
+    assert {response.json()["status"] for response in responses} == {"Success"}

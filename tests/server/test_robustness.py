@@ -1,0 +1,226 @@
+"""Bad input, the token, overload and a broken sandbox: clear answers, and the server lives on."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import re
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from retool_exec import ExecResult, FakeBackend, LocalConfig, RunRequest
+from retool_exec.server import ServerSettings, create_app
+from tests.server.conftest import TOKEN, serve, verl_body
+
+pytestmark = pytest.mark.server
+
+
+def still_serving(url: str, client: httpx.Client) -> None:
+    response = client.post(f"{url}/run_code", json={"code": "print('alive')"})
+    assert response.status_code == 200
+    assert response.json()["run_result"]["stdout"] == "alive\n"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"{not json", b"", b'{"code": "print(1)"', b"\xff\xfe", b"[1, 2"],
+    ids=["broken", "empty", "unterminated", "binary", "broken-array"],
+)
+def test_malformed_json_is_400(local_url: str, client: httpx.Client, raw: bytes) -> None:
+    response = client.post(
+        f"{local_url}/run_code", content=raw, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 400
+    assert response.json()["detail"].startswith("the request body is not valid JSON")
+    still_serving(local_url, client)
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"code": 5}, "code"),
+        ({"language": "python"}, "code"),
+        ({"code": "1", "run_timeout": "soon"}, "run_timeout"),
+        ({"code": "1", "files": ["a.txt"]}, "files"),
+        ({"code": "1", "fetch_files": "a.txt"}, "fetch_files"),
+        ({"code": "1", "memory_limit_MB": "lots"}, "memory_limit_MB"),
+        (["print(1)"], "body"),
+    ],
+)
+def test_wrong_types_are_422_naming_the_field(
+    local_url: str, client: httpx.Client, body: object, field: str
+) -> None:
+    response = client.post(f"{local_url}/run_code", json=body)
+    assert response.status_code == 422
+    detail = response.json()["detail"]
+    assert detail.startswith("invalid RunCodeRequest: ")
+    assert field in detail or "valid dictionary" in detail
+    still_serving(local_url, client)
+
+
+def test_form_content_type_is_still_read_as_json(local_url: str, client: httpx.Client) -> None:
+    # ``curl -d '{...}'`` sends application/x-www-form-urlencoded.
+    response = client.post(
+        f"{local_url}/run_code",
+        content=b'{"code": "print(9)"}',
+        headers={"content-type": "application/x-www-form-urlencoded"},
+    )
+    assert response.status_code == 200
+    assert response.json()["run_result"]["stdout"] == "9\n"
+
+
+def test_oversized_body_is_413(local_url: str, client: httpx.Client) -> None:
+    code = "#" * (300 * 1024)  # the test server's limit is 256 KiB
+    response = client.post(f"{local_url}/run_code", json={"code": code})
+    assert response.status_code == 413
+    assert "larger than 262144 bytes" in response.json()["detail"]
+    still_serving(local_url, client)
+
+
+def test_oversized_chunked_body_is_413(local_url: str, client: httpx.Client) -> None:
+    def chunks() -> Iterator[bytes]:
+        yield b'{"code": "'
+        for _ in range(40):
+            yield b"#" * 8192
+        yield b'"}'
+
+    response = client.post(f"{local_url}/run_code", content=chunks())
+    assert response.status_code == 413
+    still_serving(local_url, client)
+
+
+def test_too_large_file_is_413(local_url: str, client: httpx.Client) -> None:
+    content = base64.b64encode(b"x" * (17 * 1024)).decode()  # the limit is 16 KiB
+    response = client.post(
+        f"{local_url}/run_code", json=verl_body("print(1)", files={"big.bin": content})
+    )
+    assert response.status_code == 413
+    assert "big.bin" in response.json()["detail"]
+
+
+def test_sandbox_failure_is_sandbox_error_with_http_200(
+    fake_server: tuple[str, FakeBackend], client: httpx.Client
+) -> None:
+    url, backend = fake_server
+    response = client.post(f"{url}/run_code", json=verl_body("print(1)"))
+    assert response.status_code == 200
+    body = response.json()
+    assert body["status"] == "SandboxError"
+    assert body["run_result"]["status"] == "Error"
+    assert body["run_result"]["return_code"] is None
+    assert "injected failure: the container vanished" in body["message"]
+    assert len(backend.requests) == 1
+
+
+def test_setup_error_record_becomes_sandbox_error(client: httpx.Client) -> None:
+    def failing_setup(request: RunRequest) -> ExecResult:
+        nonce = re.search(r"'marker': '([0-9a-f]+)'", request.code)
+        assert nonce is not None
+        record = '{"kind":"setup_error","error":"could not write the request\'s files: disk full"}'
+        stdout = f"<<retool-exec:{nonce[1]}>>{record}<<end:{nonce[1]}>>"
+        return ExecResult(False, stdout, "", 70, False, 0.01)
+
+    with serve(create_app(FakeBackend(failing_setup))) as url:
+        body = verl_body("print(1)", files={"a.txt": base64.b64encode(b"x").decode()})
+        response = client.post(f"{url}/run_code", json=body)
+    assert response.status_code == 200
+    answer = response.json()
+    assert answer["status"] == "SandboxError"
+    assert answer["run_result"]["status"] == "Error"
+    assert answer["run_result"]["stdout"] == ""
+    assert "disk full" in answer["message"]
+    assert response.headers["x-retool-exec-outcome"] == "sandbox_error"
+
+
+def test_limits_are_clamped_to_the_server_maxima(client: httpx.Client) -> None:
+    backend = FakeBackend(lambda _request: "")
+    settings = ServerSettings(max_run_timeout=5.0, max_memory_mb=512)
+    with serve(create_app(backend, settings=settings)) as url:
+        client.post(f"{url}/run_code", json=verl_body("1", run_timeout=3600, memory_limit_MB=8192))
+        client.post(f"{url}/run_code", json=verl_body("1", run_timeout=2, memory_limit_MB=-1))
+        client.post(f"{url}/run_code", json={"code": "1"})
+    seen = [(request.timeout, request.memory_mb) for request in backend.requests]
+    assert seen == [(5.0, 512), (2.0, 512), (5.0, 512)]  # the default 10 s is clamped too
+
+
+class _Gate:
+    """A FakeBackend handler that holds every call until released."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    async def __call__(self, _request: RunRequest) -> str:
+        await asyncio.to_thread(self.release.wait, 30)
+        return "done\n"
+
+
+def test_504_only_when_the_queue_is_full(client: httpx.Client) -> None:
+    gate = _Gate()
+    settings = ServerSettings(max_concurrency=1, max_queue=1, queue_timeout=None)
+    with serve(create_app(FakeBackend(gate), settings=settings)) as url:
+        results: list[int] = []
+
+        def post() -> None:
+            with httpx.Client(timeout=30) as own:
+                results.append(own.post(f"{url}/run_code", json={"code": "1"}).status_code)
+
+        holders = [threading.Thread(target=post) for _ in range(2)]  # one runs, one waits
+        for thread in holders:
+            thread.start()
+        deadline = time.monotonic() + 10
+        while client.get(f"{url}/v1/metrics").json()["server/waiting"] < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        refused = client.post(f"{url}/run_code", json={"code": "1"})
+        assert refused.status_code == 504
+        assert "capacity" in refused.json()["detail"]
+        gate.release.set()
+        for thread in holders:
+            thread.join(10)
+        assert results == [200, 200]
+        assert client.post(f"{url}/run_code", json={"code": "1"}).status_code == 200
+
+
+def test_504_after_waiting_longer_than_the_queue_timeout(client: httpx.Client) -> None:
+    gate = _Gate()
+    settings = ServerSettings(max_concurrency=1, max_queue=4, queue_timeout=0.3)
+    with serve(create_app(FakeBackend(gate), settings=settings)) as url:
+        holder = threading.Thread(
+            target=lambda: httpx.post(f"{url}/run_code", json={"code": "1"}, timeout=30)
+        )
+        holder.start()
+        deadline = time.monotonic() + 10
+        while client.get(f"{url}/v1/metrics").json()["server/running"] < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        started = time.monotonic()
+        refused = client.post(f"{url}/run_code", json={"code": "1"})
+        assert refused.status_code == 504
+        assert 0.25 < time.monotonic() - started < 5
+        gate.release.set()
+        holder.join(10)
+
+
+def test_token_is_enforced_when_set(client: httpx.Client) -> None:
+    settings = ServerSettings(token=TOKEN, prefix="/p")
+    with serve(create_app(LocalConfig(timeout=10.0), settings=settings)) as url:
+        body = {"code": "print(1)"}
+        missing = client.post(f"{url}/run_code", json=body)
+        assert missing.status_code == 401
+        assert missing.headers["www-authenticate"].startswith("Bearer")
+        wrong = client.post(f"{url}/run_code", json=body, headers={"Authorization": "Bearer no"})
+        assert wrong.status_code == 401
+        bearer = {"Authorization": f"Bearer {TOKEN}"}
+        assert client.post(f"{url}/run_code", json=body, headers=bearer).status_code == 200
+        assert client.post(f"{url}/p/run_code", json=body, headers=bearer).status_code == 200
+        # verl cannot set headers, but honours credentials in the URL (HTTP Basic).
+        host = url.removeprefix("http://")
+        in_url = client.post(f"http://user:{TOKEN}@{host}/run_code", json=body)
+        assert in_url.status_code == 200
+        assert client.get(f"{url}/v1/metrics").status_code == 401
+        assert client.get(f"{url}/v1/ping").json() == "pong"
+        assert client.get(f"{url}/p/v1/ping").json() == "pong"
