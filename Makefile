@@ -45,7 +45,7 @@ typecheck: setup
 	$(BIN)/mypy
 
 bench: setup docker-up
-	$(BIN)/retool-exec bench --backends local,docker
+	PYTHON=$(BIN)/python benchmarks/run.sh
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Reproduce docs/benchmarks.{md,png,json}.
+#
+# 1. A baseline interpreter for the local backend with the same numpy, sympy,
+#    scipy and mpmath versions as the sandbox image (Debian bookworm's), so
+#    local and Docker import the same libraries.
+# 2. benchmarks/make_report.py: waits (up to 10 min) for a quiet machine, runs
+#    `retool-exec bench` over every backend and policy, renders the page.
+#
+# Extra arguments go to `retool-exec bench` (e.g. --quick for a dry run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-.venv/bin/python}
+BASELINE=${BENCH_BASELINE_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/retool-exec-bench/baseline-venv}
+PINS="numpy==1.24.2 sympy==1.11.1 scipy==1.10.1 mpmath==1.2.1"
+
+if ! "$BASELINE/bin/python" -c 'import numpy, sympy, scipy, mpmath' 2>/dev/null; then
+    echo "creating the local baseline interpreter in $BASELINE ($PINS)" >&2
+    "$PYTHON" -m venv "$BASELINE"
+    # shellcheck disable=SC2086  # the pins are words
+    "$BASELINE/bin/pip" install --quiet $PINS
+fi
+"$PYTHON" -c 'import matplotlib' 2>/dev/null || "$PYTHON" -m pip install --quiet -e '.[bench]'
+
+uptime >&2
+exec "$PYTHON" benchmarks/make_report.py --local-python "$BASELINE/bin/python" "$@"

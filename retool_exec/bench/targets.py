@@ -1,0 +1,170 @@
+"""The Docker backend's performance targets, judged from one run's raw figures (pure).
+
+Every target is stated, measured and marked PASS or FAIL; a figure that was
+not measured (a backend or workload left out of the run) is NOT MEASURED,
+never a pass. A cell with failed calls fails its target: speed bought by
+failing is not speed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from retool_exec.bench.backends import LOCAL
+from retool_exec.bench.results import BenchResult, CellResult
+from retool_exec.bench.stats import percentile, ratio
+from retool_exec.bench.workloads import TIMEOUT_WORKLOAD_LIMIT
+
+__all__ = ["Target", "evaluate_targets"]
+
+TIMEOUT_SLACK = 1.0
+"""A timed-out call must return within its timeout plus this many seconds."""
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One target: what is required, what was measured, and the verdict."""
+
+    name: str
+    requirement: str
+    measured: str
+    passed: bool | None
+    """None: not measured in this run."""
+
+    @property
+    def verdict(self) -> str:
+        return {True: "PASS", False: "FAIL", None: "NOT MEASURED"}[self.passed]
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"
+
+
+def _reuse_name(result: BenchResult) -> str | None:
+    for name in ("docker-reuse", "docker"):
+        if name in result.settings.backends:
+            return name
+    return None
+
+
+def _p50_ratio_target(result: BenchResult, workload: str, limit: float, label: str) -> Target:
+    requirement = f"reuse, {label}: p50 <= {limit:g} x local p50 (concurrency 1)"
+    name = f"reuse {workload} p50"
+    reuse = _reuse_name(result)
+    cell = result.cell(reuse, workload, 1) if reuse else None
+    local = result.cell(LOCAL, workload, 1)
+    if cell is None or local is None:
+        return Target(name, requirement, "not measured (needs local and docker-reuse)", None)
+    value = ratio(cell.summary().p50, local.summary().p50)
+    measured = (
+        f"{reuse} p50 {_ms(cell.summary().p50)} vs local p50 {_ms(local.summary().p50)}"
+        f" = {value:.3f} x local"
+        if value is not None
+        else "no ratio"
+    )
+    failed = _failures(cell, local)
+    if failed:
+        return Target(name, requirement, f"{measured}; {failed}", False)
+    return Target(name, requirement, measured, value is not None and value <= limit)
+
+
+def _failures(*cells: CellResult) -> str:
+    bad = [f"{c.backend}: {c.failures} failed call(s)" for c in cells if c.failures]
+    return "; ".join(bad)
+
+
+def _fresh_undrained(result: BenchResult) -> Target:
+    requirement = "fresh, pool not drained, print(2+3): p50 <= 0.5 x local p50 (sequential)"
+    record = next((r for r in result.fresh_undrained if r.workload == "print"), None)
+    if record is None or not record.local_latencies or not record.fresh_latencies:
+        return Target("fresh undrained p50", requirement, "not measured", None)
+    fresh, local = percentile(record.fresh_latencies, 50), percentile(record.local_latencies, 50)
+    value = ratio(fresh, local)
+    measured = f"fresh p50 {_ms(fresh)} vs local p50 {_ms(local)}" + (
+        f" = {value:.3f} x local" if value is not None else ""
+    )
+    if record.failures:
+        return Target(
+            "fresh undrained p50", requirement, f"{measured}; {record.failures} failed", False
+        )
+    return Target("fresh undrained p50", requirement, measured, value is not None and value <= 0.5)
+
+
+def _fresh_sustained(result: BenchResult) -> Target:
+    requirement = "fresh, pool drained: sustained throughput >= 3 calls/s"
+    sustained = result.fresh_sustained
+    if sustained is None:
+        return Target("fresh sustained", requirement, "not measured", None)
+    rate = sustained.steady_throughput
+    measured = (
+        f"{rate:.2f} calls/s ({sustained.calls} calls, {sustained.concurrency} callers, "
+        f"pool {sustained.pool_size}; overall {sustained.overall_throughput:.2f} calls/s)"
+    )
+    ok = not math.isnan(rate) and rate >= 3.0 and sustained.failures == 0
+    if sustained.failures:
+        measured += f"; {sustained.failures} failed"
+    return Target("fresh sustained", requirement, measured, ok)
+
+
+def _throughput_target(result: BenchResult, concurrency: int = 16) -> Target:
+    requirement = f"reuse, {concurrency} concurrent callers, print(2+3): throughput >= 2 x local"
+    name = f"reuse throughput x{concurrency}"
+    reuse = _reuse_name(result)
+    cell = result.cell(reuse, "print", concurrency) if reuse else None
+    local = result.cell(LOCAL, "print", concurrency)
+    if cell is None or local is None:
+        return Target(name, requirement, "not measured", None)
+    value = ratio(cell.throughput, local.throughput)
+    measured = f"{reuse} {cell.throughput:.1f} calls/s vs local {local.throughput:.1f} calls/s" + (
+        f" = {value:.2f} x local" if value is not None else ""
+    )
+    failed = _failures(cell, local)
+    if failed:
+        return Target(name, requirement, f"{measured}; {failed}", False)
+    return Target(name, requirement, measured, value is not None and value >= 2.0)
+
+
+def _timeout_target(result: BenchResult, backend: str) -> Target:
+    limit = TIMEOUT_WORKLOAD_LIMIT
+    requirement = (
+        f"{backend}: a timed-out call returns within timeout + {TIMEOUT_SLACK:g} s "
+        f"(timeout {limit:g} s)"
+    )
+    name = f"timeout {backend}"
+    cells = [c for c in result.cells if c.backend == backend and c.workload == "timeout"]
+    if not cells:
+        return Target(name, requirement, "not measured", None)
+    # Once a call has its container: latency minus the wait for a slot or container.
+    service = [
+        lat - wait - limit
+        for c in cells
+        for lat, wait in zip(c.latencies, c.queue_waits, strict=True)
+    ]
+    sequential = [lat - limit for c in cells if c.concurrency == 1 for lat in c.latencies]
+    worst_service = max(service)
+    parts = [
+        f"max(latency - queue wait - timeout) = {worst_service:+.3f} s over {len(service)} calls"
+    ]
+    worst = [worst_service]
+    if sequential:
+        parts.append(f"at concurrency 1 max(latency - timeout) = {max(sequential):+.3f} s")
+        worst.append(max(sequential))
+    failed = _failures(*cells)
+    if failed:
+        parts.append(failed)
+    ok = max(worst) <= TIMEOUT_SLACK and not failed
+    return Target(name, requirement, "; ".join(parts), ok)
+
+
+def evaluate_targets(result: BenchResult) -> list[Target]:
+    """Every target with its measured value and verdict, in the order the issue lists them."""
+    targets = [
+        _p50_ratio_target(result, "print", 0.3, "print(2+3)"),
+        _p50_ratio_target(result, "sympy", 0.05, "import sympy and solve a small equation"),
+        _fresh_undrained(result),
+        _fresh_sustained(result),
+        _throughput_target(result),
+    ]
+    targets.extend(_timeout_target(result, name) for name in result.settings.backends)
+    return targets

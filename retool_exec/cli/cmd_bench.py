@@ -1,0 +1,235 @@
+"""``retool-exec bench``: latency and throughput of the backends, side by side, in one run."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from retool_exec._errors import RetoolExecError
+
+__all__ = ["QUICK", "build_settings", "register"]
+
+DEFAULT_BACKENDS = "local,docker"
+DEFAULT_CONCURRENCY = "1,4,16,64"
+QUICK: dict[str, Any] = {
+    "concurrency": "1,16",
+    "calls": 6,
+    "warmup": 1,
+    "slow_rounds": 1,
+    "undrained_calls": 5,
+    "sustained_calls": 24,
+    "cpu_calls": 10,
+}
+"""What ``--quick`` changes (each can still be set explicitly)."""
+FULL: dict[str, Any] = {
+    "concurrency": DEFAULT_CONCURRENCY,
+    "calls": 40,
+    "warmup": 2,
+    "slow_rounds": 2,
+    "undrained_calls": 20,
+    "sustained_calls": 60,
+    "cpu_calls": 40,
+}
+
+_EPILOG = """\
+Backends: local (the seed's subprocess), docker (= docker-reuse), docker-reuse,
+docker-fresh, docker-runsc (reuse under gVisor).
+Workloads: print, numpy, sympy, error, sleep, timeout, flood.
+
+Calls are interleaved: for each workload and concurrency level, the backends
+take turns batch by batch, so machine drift hits them alike; ratios to the
+local backend come from the same rounds. Warm-up calls are not recorded.
+
+Examples:
+  retool-exec bench --backends local,docker --quick
+  retool-exec bench --backends local,docker-reuse,docker-fresh,docker-runsc \\
+      --json bench.json --plot bench.png
+"""
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``bench`` subcommand."""
+    parser = subparsers.add_parser(
+        "bench",
+        help="benchmark latency and throughput of the backends",
+        description="Benchmark latency and throughput of backends side by side in one run.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--backends", default=DEFAULT_BACKENDS, help=f"comma list (default {DEFAULT_BACKENDS})"
+    )
+    parser.add_argument("--workloads", default=None, help="comma list (default: all)")
+    parser.add_argument(
+        "--concurrency",
+        default=None,
+        help=f"comma list of concurrent callers (default {DEFAULT_CONCURRENCY}; quick 1,16)",
+    )
+    parser.add_argument(
+        "--calls", type=int, default=None, help="recorded calls per cell (default 40; quick 6)"
+    )
+    parser.add_argument("--warmup", type=int, default=None, help="warm-up calls (default 2)")
+    parser.add_argument(
+        "--slow-rounds",
+        type=int,
+        default=None,
+        help="batches per cell for the sleep and timeout workloads (default 2; quick 1)",
+    )
+    parser.add_argument(
+        "--pool-size", type=int, default=8, help="warm containers per Docker backend (default 8)"
+    )
+    parser.add_argument("--timeout", type=float, default=30.0, help="sandbox timeout (30 s)")
+    parser.add_argument("--quick", action="store_true", help="a small run (under a minute)")
+    parser.add_argument(
+        "--no-extras",
+        action="store_true",
+        help="skip start-up, fresh-policy, client-CPU and memory figures",
+    )
+    parser.add_argument("--undrained-calls", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--sustained-calls", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--sustained-concurrency", type=int, default=16, help="fresh drained: callers (16)"
+    )
+    parser.add_argument(
+        "--sustained-pool-size", type=int, default=4, help="fresh drained: pool size (4)"
+    )
+    parser.add_argument("--cpu-calls", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--local-python",
+        default=sys.executable,
+        help="interpreter of the local backend; it needs numpy and sympy for a fair baseline",
+    )
+    parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="raw figures")
+    parser.add_argument("--plot", type=Path, default=None, metavar="FILE.png", help="a PNG")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    parser.add_argument("--docker-host", default=None)
+    # Extra container labels (tests mark their containers so a sweep finds leftovers).
+    parser.add_argument("--label", action="append", default=[], help=argparse.SUPPRESS)
+    parser.set_defaults(handler=_handle)
+
+
+def _ints(text: str, name: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError as exc:
+        raise ValueError(f"--{name} takes comma-separated integers, got {text!r}") from exc
+    if not values or any(v < 1 for v in values):
+        raise ValueError(f"--{name} needs positive integers, got {text!r}")
+    return sorted(set(values))
+
+
+def _labels(items: list[str]) -> dict[str, str]:
+    labels = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--label takes KEY=VALUE, got {item!r}")
+        labels[key] = value
+    return labels
+
+
+def build_settings(args: argparse.Namespace) -> Any:
+    """Settings from the parsed arguments (``--quick`` fills in what was not given)."""
+    from retool_exec.bench.backends import parse_backends
+    from retool_exec.bench.results import BenchSettings
+    from retool_exec.bench.workloads import select_workloads
+
+    base = QUICK if args.quick else FULL
+
+    def pick(name: str) -> Any:
+        value = getattr(args, name)
+        return base[name] if value is None else value
+
+    backends = parse_backends(args.backends)
+    workloads = select_workloads(
+        [w.strip() for w in args.workloads.split(",") if w.strip()] if args.workloads else None
+    )
+    concurrency = _ints(pick("concurrency"), "concurrency")
+    counts = {
+        name: pick(name)
+        for name in ("calls", "warmup", "slow_rounds", "undrained_calls", "sustained_calls")
+    }
+    counts["cpu_calls"] = pick("cpu_calls")
+    for name, value in counts.items():
+        if value < (0 if name == "warmup" else 1):
+            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if args.pool_size < 1 or args.sustained_pool_size < 1 or args.sustained_concurrency < 1:
+        raise ValueError("pool sizes and --sustained-concurrency must be positive")
+    command = ["retool-exec", "bench", "--backends", ",".join(backends)]
+    if args.workloads:
+        command += ["--workloads", ",".join(w.name for w in workloads)]
+    if args.quick:
+        command.append("--quick")
+    command += ["--concurrency", ",".join(map(str, concurrency))]
+    for name, value in counts.items():
+        if getattr(args, name) is not None:
+            command += [f"--{name.replace('_', '-')}", str(value)]
+    command += ["--pool-size", str(args.pool_size)]
+    if args.no_extras:
+        command.append("--no-extras")
+    if args.local_python != sys.executable:
+        command += ["--local-python", args.local_python]
+    settings = BenchSettings(
+        backends=list(backends),
+        workloads=[w.name for w in workloads],
+        concurrency=concurrency,
+        pool_size=args.pool_size,
+        timeout=args.timeout,
+        quick=args.quick,
+        extras=not args.no_extras,
+        sustained_concurrency=args.sustained_concurrency,
+        sustained_pool_size=args.sustained_pool_size,
+        local_python=args.local_python,
+        command=shlex.join(command),
+        **counts,
+    )
+    return settings, workloads
+
+
+def _handle(args: argparse.Namespace) -> int:
+    from retool_exec.bench.plot import MatplotlibMissingError, require_matplotlib, write_plot
+    from retool_exec.bench.progress import Progress
+    from retool_exec.bench.report import render_text, summary_json
+    from retool_exec.bench.runner import planned_calls, run_bench
+
+    try:
+        settings, workloads = build_settings(args)
+        labels = _labels(args.label)
+        if args.plot is not None:
+            require_matplotlib()
+    except (ValueError, MatplotlibMissingError) as exc:
+        print(f"retool-exec bench: {exc}", file=sys.stderr)
+        return 2
+    progress = Progress(planned_calls(settings, workloads), enabled=not args.no_progress)
+    try:
+        result = asyncio.run(
+            run_bench(
+                settings,
+                workloads,
+                progress=progress,
+                labels=labels,
+                docker_host=args.docker_host,
+            )
+        )
+    except RetoolExecError as exc:
+        print(f"retool-exec bench: {exc}", file=sys.stderr)
+        return 2
+    result.summary = summary_json(result)
+    sys.stdout.write(render_text(result))
+    sys.stdout.flush()
+    try:
+        if args.json is not None:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(result.model_dump_json(by_alias=True, indent=1) + "\n")
+            print(f"raw figures: {args.json}", file=sys.stderr)
+        if args.plot is not None:
+            write_plot(result, args.plot)
+            print(f"plot: {args.plot}", file=sys.stderr)
+    except OSError as exc:
+        print(f"retool-exec bench: cannot write output: {exc}", file=sys.stderr)
+        return 1
+    return 0

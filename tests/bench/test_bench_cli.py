@@ -1,0 +1,124 @@
+"""``retool-exec bench --quick`` end to end, with a reduced call count so it stays fast.
+
+Checks what a reader relies on: a table per workload with the ratio to local,
+a JSON file with every raw latency and the environment, and a PNG when
+matplotlib is there (a clear install hint when it is not).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from retool_exec.bench.workloads import WORKLOADS
+from retool_exec.cli import main
+from tests.conftest import LABELS, require_docker
+
+HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+_LABEL_ARGS = [arg for key, value in LABELS.items() for arg in ("--label", f"{key}={value}")]
+# Small enough to finish in seconds: two concurrency levels, a few calls each.
+_FAST = [
+    "--quick",
+    "--calls",
+    "2",
+    "--concurrency",
+    "1,2",
+    "--cpu-calls",
+    "2",
+    "--undrained-calls",
+    "2",
+    "--sustained-calls",
+    "6",
+    "--no-progress",
+]
+
+
+def _run(
+    backends: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], *extra: str
+) -> tuple[str, dict[str, object]]:
+    out_json = tmp_path / "bench.json"
+    args = ["bench", "--backends", backends, *_FAST, "--json", str(out_json), *extra]
+    if HAVE_MATPLOTLIB:
+        args += ["--plot", str(tmp_path / "bench.png")]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    data: dict[str, object] = json.loads(out_json.read_text())
+    return text, data
+
+
+def _check_common(text: str, data: dict[str, object], backends: list[str], tmp_path: Path) -> None:
+    for workload in WORKLOADS:
+        assert f"== {workload.name}:" in text
+    assert "p50 vs local" in text
+    assert "== targets" in text
+    cells = data["cells"]
+    assert isinstance(cells, list)
+    assert {c["backend"] for c in cells} == set(backends)
+    for cell in cells:
+        # Every raw latency is there, not only the percentiles.
+        assert len(cell["latencies"]) == len(cell["outcomes"]) == sum(cell["segment_calls"])
+        assert all(lat > 0 for lat in cell["latencies"])
+    env = data["environment"]
+    assert isinstance(env, dict)
+    assert env["cpu_count"]
+    assert env["kernel"]
+    packages = env["packages"]
+    assert {"retool_exec", "docker", "pydantic", "python"} <= set(packages)
+    summary = data["summary"]
+    assert isinstance(summary, dict)
+    assert summary["targets"]
+    if HAVE_MATPLOTLIB:
+        assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_quick_local_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text, data = _run("local", tmp_path, capsys)
+    _check_common(text, data, ["local"], tmp_path)
+    # Errors and timeouts are the expected outcomes of their workloads, not failures.
+    for cell in data["cells"]:  # type: ignore[attr-defined]
+        if cell["workload"] in {"print", "error", "timeout", "sleep", "flood"}:
+            assert cell["failures"] == 0, cell["failure_examples"]
+
+
+@pytest.mark.docker
+def test_bench_quick_local_and_docker(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    require_docker()
+    text, data = _run("local,docker", tmp_path, capsys, "--pool-size", "2", *_LABEL_ARGS)
+    _check_common(text, data, ["local", "docker"], tmp_path)
+    assert "docker" in text
+    for cell in data["cells"]:  # type: ignore[attr-defined]
+        if cell["backend"] == "docker":
+            assert cell["failures"] == 0, cell["failure_examples"]
+    env = data["environment"]
+    assert isinstance(env, dict)
+    docker_env = env["docker"]
+    assert docker_env["server_version"]
+    assert "runc" in docker_env["runtimes"]
+    assert docker_env["image"]["id"].startswith("sha256:")
+    backends = {b["name"]: b for b in data["backends"]}  # type: ignore[attr-defined]
+    assert backends["docker"]["startup_seconds"] > 0
+    assert backends["docker"]["pool_size"] == 2
+    memory = data["memory"]
+    assert isinstance(memory, list)
+    assert memory[0]["containers"], memory
+    assert all(c["usage_bytes"] > 0 for c in memory[0]["containers"])
+
+
+def test_plot_without_matplotlib_says_what_to_install(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import now raises ImportError
+    status = main(["bench", "--backends", "local", "--plot", str(tmp_path / "x.png")])
+    assert status == 2
+    err = capsys.readouterr().err
+    assert "pip install 'retool_exec[bench]'" in err
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_bench_rejects_an_unknown_backend(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--backends", "local,nope"]) == 2
+    assert "unknown backend" in capsys.readouterr().err
