@@ -8,11 +8,11 @@ JSON) read from fd 0 and written to fd 1, which Docker connects to the host
 over the container's attach stream. No ``docker exec``, no mounts, no sockets.
 
     agent -> host  {"type": "ready", "python": ..., "preloaded": [...], "failed": {...}}
-    host  -> agent {"type": "run", "id": n, "code": str, "timeout": s, "cpu_seconds": n,
-                    "read_cap": bytes, "reset": bool}
-    agent -> host  {"type": "result", "id": n, "returncode": n|null, "timed_out": b,
+    host  -> agent {"type": "run", "id": n, "nonce": hex, "code": str, "timeout": s,
+                    "cpu_seconds": n, "read_cap": bytes, "reset": bool}
+    agent -> host  {"type": "result", "id": n, "nonce": hex, "returncode": n|null, "timed_out": b,
                     "oom": b, "stdout": str, "stdout_dropped": n, "stderr": ..., "duration": s}
-    agent -> host  {"type": "reset", "id": n, "clean": b, "reason": str}   (when asked)
+    agent -> host  {"type": "reset", "id": n, "nonce": hex, "clean": b, "reason": str} (if asked)
     host  -> agent {"type": "ping"}  ->  {"type": "pong"}
 
 Why it is built this way:
@@ -65,22 +65,14 @@ OOM_COUNTERS = (
 )
 PR_SET_DUMPABLE = 4
 IPC_RMID = 0
-IGNORED_SIGNALS = (
-    "SIGINT",
-    "SIGTERM",
-    "SIGHUP",
-    "SIGQUIT",
-    "SIGUSR1",
-    "SIGUSR2",
-    "SIGTSTP",
-    "SIGTTIN",
-    "SIGTTOU",
-    "SIGALRM",
-    "SIGVTALRM",
-    "SIGPROF",
-    "SIGXCPU",
-    "SIGXFSZ",
-)
+# Every signal the agent can ignore, it ignores: under runc, PID 1 of a pid
+# namespace is already shielded from its own processes' fatal signals, but
+# gVisor gives no such shield, and a call must not be able to end the agent.
+# (The kernel still delivers real faults of the agent itself.)
+UNIGNORABLE = {signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD}
+IGNORED_SIGNALS = tuple(sorted(set(signal.valid_signals()) - UNIGNORABLE))
+# What a fresh Python process has, restored in the child before user code runs.
+PYTHON_IGNORES = (signal.SIGPIPE, signal.SIGXFSZ)
 _CONTINUATION = bytes(range(0x80, 0xC0))
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -147,10 +139,11 @@ class Tail:
 def harden_self() -> None:
     if _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
-    for name in IGNORED_SIGNALS:
-        signum = getattr(signal, name, None)
-        if signum is not None:
+    for signum in IGNORED_SIGNALS:
+        try:
             signal.signal(signum, signal.SIG_IGN)
+        except (OSError, ValueError):
+            pass  # a runtime may refuse some (e.g. real-time signals it uses itself)
 
 
 # Run once in the zygote after import, so lazily imported submodules and caches
@@ -259,10 +252,13 @@ def child_main(request_r: int, out_w: int, err_w: int, status_w: int) -> None:
         os.dup2(request_r, REQUEST_FD)
         os.closerange(REQUEST_FD + 1, max(os.sysconf("SC_OPEN_MAX"), 1024))
         signal.set_wakeup_fd(-1)
-        for name in (*IGNORED_SIGNALS, "SIGCHLD"):
-            signum = getattr(signal, name, None)
-            if signum is not None:
+        for signum in (*IGNORED_SIGNALS, signal.SIGCHLD):
+            try:
                 signal.signal(signum, signal.SIG_DFL)
+            except (OSError, ValueError):
+                pass
+        for signum in PYTHON_IGNORES:
+            signal.signal(signum, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         try:
@@ -639,15 +635,28 @@ def main(argv: list[str]) -> int:
             return 0
         kind = request.get("type")
         if kind == "run":
+            # The nonce authenticates our answers to the host. The child never
+            # sees it (it is removed before the request reaches the child), so
+            # a call that can write to the attach stream (gVisor does not stop
+            # it opening /proc/1/fd/1) cannot forge this call's result or the
+            # next one's: the host only picks the next nonce after this reset.
+            nonce = request.pop("nonce", None)
             result = run_call(request, wake_r, spare)
             spare = None
-            write_frame(1, result)
+            write_frame(1, {**result, "nonce": nonce})
             if request.get("reset"):
                 clean, reason = reset_container()
                 if clean:
                     spare = Spare()
                 write_frame(
-                    1, {"type": "reset", "id": request.get("id"), "clean": clean, "reason": reason}
+                    1,
+                    {
+                        "type": "reset",
+                        "id": request.get("id"),
+                        "nonce": nonce,
+                        "clean": clean,
+                        "reason": reason,
+                    },
                 )
         elif kind == "ping":
             write_frame(1, {"type": "pong"})

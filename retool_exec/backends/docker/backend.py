@@ -10,7 +10,9 @@ background.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
+import secrets
 import time
 from typing import Any
 
@@ -154,9 +156,11 @@ class DockerBackend(Backend):
     async def _call(self, container: SandboxContainer, request: RunRequest) -> dict[str, Any]:
         container.next_id += 1
         call_id = container.next_id
+        container.nonce = secrets.token_hex(16)
         frame: dict[str, Any] = {
             "type": "run",
             "id": call_id,
+            "nonce": container.nonce,
             "code": request.code,
             "timeout": request.timeout,
             "cpu_seconds": request.cpu_seconds,
@@ -171,9 +175,14 @@ class DockerBackend(Backend):
             reply = await asyncio.wait_for(
                 container.channel.receive(), max(0.0, deadline - time.monotonic())
             )
-            if reply.get("type") == "result" and reply.get("id") == call_id:
+            if (
+                reply.get("type") == "result"
+                and reply.get("id") == call_id
+                and hmac.compare_digest(str(reply.get("nonce")), container.nonce)
+            ):
                 return reply
-            raise ProtocolError(f"unexpected frame from the agent: {reply.get('type')!r}")
+            # Anything else (a forged or stray frame) means the stream cannot be trusted.
+            raise ProtocolError(f"unauthenticated frame from the agent: {reply.get('type')!r}")
 
     async def _await_reset(self, container: SandboxContainer) -> None:
         pool = self._pool
@@ -184,7 +193,11 @@ class DockerBackend(Backend):
             log.warning("retiring container %s: no reset confirmation (%s)", container.id[:12], exc)
             pool.retire(container)
             return
-        clean = reply.get("type") == "reset" and reply.get("clean") is True
+        clean = (
+            reply.get("type") == "reset"
+            and reply.get("clean") is True
+            and hmac.compare_digest(str(reply.get("nonce")), container.nonce)
+        )
         if not clean:
             log.warning("retiring container %s: %s", container.id[:12], reply.get("reason"))
         pool.release(container, clean=clean)

@@ -120,6 +120,8 @@ class SandboxContainer:
     ready: dict[str, Any]
     calls: int = 0
     next_id: int = 0
+    nonce: str = ""
+    """The current call's nonce: only frames carrying it are the agent's."""
 
 
 class ContainerFactory:

@@ -1,0 +1,173 @@
+"""Information: nothing of the host (environment, name, files, processes) is visible.
+
+The host plants what must not leak: a canary variable in its own environment
+and a world-readable secret file; the attack code searches for them and
+reports only whether it found them, never their contents.
+"""
+
+from __future__ import annotations
+
+from retool_exec.backends.docker.hardening import BASE_ENV
+from retool_exec.security.model import Case, CaseClass, Observation, Severity
+from retool_exec.security.snippets import all_denied, code
+
+__all__ = ["CASES"]
+
+ALLOWED_ENV = frozenset({*BASE_ENV, "HOSTNAME"})
+
+
+def _hostname_neutral(obs: Observation) -> bool:
+    facts = obs.facts()
+    host = obs.ctx.host.hostname
+    return bool(facts["hostname"] != host and facts["nodename"] != host)
+
+
+def _only_own_processes(obs: Observation) -> bool:
+    return bool(obs.facts()["strangers"] == [])
+
+
+CASES: tuple[Case, ...] = (
+    Case(
+        id="info-env-canary",
+        klass=CaseClass.INFORMATION,
+        title="a canary in the host's environment is absent inside (os.environ, /proc/*/environ)",
+        code=code("""
+            value = "__CANARY_VALUE__"
+            found = []
+            if "__CANARY_NAME__" in os.environ or any(value in v for v in os.environ.values()):
+                found.append("os.environ")
+            for pid in sorted({1, AGENT, os.getpid()}):
+                try:
+                    with open(f"/proc/{pid}/environ", "rb") as handle:
+                        if value.encode() in handle.read():
+                            found.append(f"/proc/{pid}/environ")
+                except OSError:
+                    pass
+            report(found=found)
+        """),
+        contained=lambda obs: obs.facts()["found"] == [],
+        severity=Severity.CRITICAL,
+        reference="codejail env-leak test; SandboxFusion copies os.environ (secrets) to the child",
+        catalogue=(37,),
+    ),
+    Case(
+        id="info-env-allowlist",
+        klass=CaseClass.INFORMATION,
+        title="the environment holds only the sandbox's own allowlisted variables",
+        code=code("""
+            report(names=sorted(os.environ))
+        """),
+        contained=lambda obs: set(obs.facts()["names"]) <= ALLOWED_ENV,
+        severity=Severity.HIGH,
+        reference="isolate/nsjail scrubbed environment (isolate --env, nsjail --keep_env off)",
+        catalogue=(37,),
+    ),
+    Case(
+        id="info-hostname",
+        klass=CaseClass.INFORMATION,
+        title="the hostname is neutral, not the host's",
+        code=code("""
+            import socket
+            report(hostname=socket.gethostname(), nodename=os.uname().nodename)
+        """),
+        contained=_hostname_neutral,
+        severity=Severity.LOW,
+        reference="CIS Docker 5.21 (no host UTS namespace)",
+        catalogue=(38,),
+    ),
+    Case(
+        id="info-host-files",
+        klass=CaseClass.INFORMATION,
+        title="no host file is readable (a planted secret, the checkout, /etc/shadow, ~/.ssh)",
+        code=code("""
+            import glob
+
+            def read(path):
+                try:
+                    with open(path, "rb") as handle:
+                        handle.read(1)
+                    return "ok"
+                except OSError as exc:
+                    return why(exc)
+
+            def listing(path):
+                try:
+                    os.listdir(path)
+                    return "ok"
+                except OSError as exc:
+                    return why(exc)
+
+            attempts = {
+                "planted secret": read("__SECRET_FILE__"),
+                "project checkout": read("__PACKAGE_DIR__/__init__.py"),
+                "/etc/shadow": read("/etc/shadow"),
+                "/root": listing("/root"),
+            }
+            for ssh in glob.glob("/home/*/.ssh") + ["/root/.ssh"]:
+                attempts[ssh] = listing(ssh)
+            report(attempts=attempts)
+        """),
+        contained=lambda obs: all_denied(obs.facts()["attempts"].values()),
+        severity=Severity.CRITICAL,
+        reference="codejail file-read tests; CIS Docker 5.5 (no sensitive host mounts)",
+        catalogue=(39,),
+    ),
+    Case(
+        id="info-proc-listing",
+        klass=CaseClass.INFORMATION,
+        title="/proc lists only the agent and the call's own processes",
+        code=code("""
+            parents, names = {}, {}
+            for entry in os.listdir("/proc"):
+                if entry.isdigit():
+                    try:
+                        with open(f"/proc/{entry}/stat") as handle:
+                            stat = handle.read()
+                    except OSError:
+                        continue
+                    names[int(entry)] = stat[stat.find("(") + 1:stat.rfind(")")]
+                    parents[int(entry)] = int(stat.rpartition(")")[2].split()[2])
+
+            def mine(pid):
+                for _ in range(64):
+                    if pid == os.getpid():
+                        return True
+                    pid = parents.get(pid, 0)
+                    if pid <= 1:
+                        return False
+                return False
+
+            agent = {1} if IN_AGENT_SANDBOX else set()
+            strangers = sorted(pid for pid in names if pid not in agent and not mine(pid))
+            report(strangers=[names[pid] for pid in strangers][:10], count=len(strangers))
+        """),
+        contained=_only_own_processes,
+        severity=Severity.HIGH,
+        reference="CIS Docker 5.16 (no host PID namespace); codejail 'can't see other sandboxes'",
+        catalogue=(40,),
+    ),
+    Case(
+        id="info-neighbour-call",
+        klass=CaseClass.INFORMATION,
+        title="a call running at the same time is invisible",
+        code=code("""
+            seen, started = [], time.monotonic()
+            while not seen and time.monotonic() - started < 1.5:
+                seen = named_processes()
+                time.sleep(0.05)
+            report(seen=seen)
+        """),
+        companion=code("""
+            if os.fork() == 0:  # a named child: the call's own process keeps its name
+                name_process()
+                time.sleep(2.0)
+                os._exit(0)
+            os.wait()
+            report(done=True)
+        """),
+        contained=lambda obs: obs.facts()["seen"] == [],
+        severity=Severity.HIGH,
+        reference="codejail test 'can't see other sandboxes'; one process tree per run (isolate)",
+        catalogue=(40,),
+    ),
+)

@@ -1,0 +1,298 @@
+"""Cross-call isolation: call N+1 sees nothing of call N, under both pool policies.
+
+Each case is an attack call that leaves something behind and a follow-up
+call that looks for it (and, on a backend where it is found, removes it, so
+the audit leaves nothing on the host). The audit runs a ``reuse`` pool with a
+single container, so the follow-up lands in the very container the attack
+used: the strongest test of the reset between calls.
+"""
+
+from __future__ import annotations
+
+from retool_exec.security.model import Case, CaseClass, Expect, Observation, Severity
+from retool_exec.security.snippets import code
+
+__all__ = ["CASES"]
+
+
+def _absent(obs: Observation) -> bool:
+    return obs.follow is not None and obs.follow.ok and obs.follow_facts()["present"] == []
+
+
+def _state_fresh(obs: Observation) -> bool:
+    return obs.follow is not None and obs.follow.ok and obs.follow_facts()["dirty"] == []
+
+
+def _random_differs(obs: Observation) -> bool:
+    first, second = obs.facts(), obs.follow_facts()
+    return bool(first) and all(first[key] != second.get(key) for key in first)
+
+
+_RANDOM = code("""
+    import random, uuid
+    facts = {"random": random.random(), "getrandbits": random.getrandbits(64),
+             "urandom": os.urandom(8).hex(), "uuid4": str(uuid.uuid4())}
+    try:
+        import numpy
+        facts["numpy legacy"] = float(numpy.random.rand())
+        facts["numpy generator"] = float(numpy.random.default_rng().random())
+    except ImportError:
+        pass
+    report(**facts)
+""")
+
+CASES: tuple[Case, ...] = (
+    Case(
+        id="iso-tmp-file",
+        klass=CaseClass.ISOLATION,
+        title="a file written in /tmp by call N is absent in call N+1",
+        code=code("""
+            with open(f"/tmp/{TOKEN}-file", "w") as handle:
+                handle.write("left by call N")
+            report(written=True)
+        """),
+        follow_up=code("""
+            path = f"/tmp/{TOKEN}-file"
+            present = [path] if os.path.lexists(path) else []
+            for leftover in present:
+                os.unlink(leftover)
+            report(present=present)
+        """),
+        contained=_absent,
+        severity=Severity.HIGH,
+        reference="the seed: files written by one call stay visible to the next",
+        catalogue=(41,),
+    ),
+    Case(
+        id="iso-shm-file",
+        klass=CaseClass.ISOLATION,
+        title="a file written in /dev/shm by call N is absent in call N+1",
+        code=code("""
+            with open(f"/dev/shm/{TOKEN}-file", "w") as handle:
+                handle.write("left by call N")
+            report(written=True)
+        """),
+        follow_up=code("""
+            path = f"/dev/shm/{TOKEN}-file"
+            present = [path] if os.path.lexists(path) else []
+            for leftover in present:
+                os.unlink(leftover)
+            report(present=present)
+        """),
+        contained=_absent,
+        severity=Severity.HIGH,
+        reference="snekbox shared-memory tests; IPC namespace per container (CIS Docker 5.16)",
+        catalogue=(41,),
+    ),
+    Case(
+        id="iso-sysv-ipc",
+        klass=CaseClass.ISOLATION,
+        title="a SysV shared-memory segment made by call N is absent in call N+1",
+        code=code("""
+            key = int(TOKEN[2:9], 16)
+            shmid = libc.shmget(key, 4096, 0o1000 | 0o600)  # IPC_CREAT
+            report(created=shmid >= 0, error=None if shmid >= 0 else last_error())
+        """),
+        follow_up=code("""
+            key = int(TOKEN[2:9], 16)
+            shmid = libc.shmget(key, 0, 0)
+            present = [hex(key)] if shmid >= 0 else []
+            if shmid >= 0:
+                libc.shmctl(shmid, 0, None)  # IPC_RMID
+            report(present=present)
+        """),
+        contained=_absent,
+        severity=Severity.MEDIUM,
+        reference="CIS Docker 5.16 (no host IPC namespace); SysV objects outlive processes",
+        catalogue=(41,),
+    ),
+    Case(
+        id="iso-posix-mqueue",
+        klass=CaseClass.ISOLATION,
+        title="a POSIX message queue made by call N is absent in call N+1",
+        code=code("""
+            libc.mq_open.restype = ctypes.c_int
+            mqd = libc.mq_open(f"/{TOKEN}".encode(), os.O_CREAT | os.O_RDWR, 0o600, None)
+            report(created=mqd >= 0, error=None if mqd >= 0 else last_error())
+        """),
+        follow_up=code("""
+            libc.mq_open.restype = ctypes.c_int
+            name = f"/{TOKEN}".encode()
+            mqd = libc.mq_open(name, os.O_RDWR)
+            present = [name.decode()] if mqd >= 0 else []
+            if mqd >= 0:
+                libc.mq_unlink(name)
+            report(present=present)
+        """),
+        contained=_absent,
+        severity=Severity.MEDIUM,
+        reference="POSIX message queues live in the IPC namespace, not in /tmp",
+        catalogue=(41,),
+    ),
+    Case(
+        id="iso-process-in-session",
+        klass=CaseClass.ISOLATION,
+        title="a child left running in the call's own session is gone in call N+1",
+        code=code("""
+            if os.fork() == 0:
+                name_process()
+                time.sleep(6)
+                os._exit(0)
+            report(left=True)
+        """),
+        follow_up=code("""
+            report(present=[pid for pid, state in watch_named() if state != "Z"])
+        """),
+        contained=_absent,
+        severity=Severity.HIGH,
+        reference="codejail: one process tree per run; judge0 leftover processes",
+        catalogue=(42,),
+        local=Expect.CONTAINED,
+    ),
+    Case(
+        id="iso-abstract-socket",
+        klass=CaseClass.ISOLATION,
+        title="a socket call N left listening is unreachable from call N+1",
+        code=code("""
+            import socket
+
+            def serve(deadline):
+                server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                server.bind("\\0" + TOKEN)
+                server.listen()
+                server.settimeout(0.2)
+                while time.monotonic() < deadline:
+                    try:
+                        conn, _ = server.accept()
+                        conn.sendall(b"left behind")
+                        conn.close()
+                    except OSError:
+                        pass
+            daemon(serve, 6)
+            time.sleep(0.3)
+            report(listening=True)
+        """),
+        follow_up=code("""
+            import socket
+            present = []
+            try:
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                    sock.settimeout(1)
+                    sock.connect("\\0" + TOKEN)
+                    present.append(sock.recv(64).decode())
+            except OSError:
+                pass
+            report(present=present)
+        """),
+        contained=_absent,
+        severity=Severity.HIGH,
+        reference="covert channels between calls; codejail 'can't see other sandboxes'",
+        catalogue=(42,),
+    ),
+    Case(
+        id="iso-module-state",
+        klass=CaseClass.ISOLATION,
+        title="monkeypatched builtins, sys.modules and numpy globals are fresh in call N+1",
+        code=code("""
+            import builtins, random
+            report(poisoning=True)
+            try:
+                import numpy
+                numpy.pi = 3.0
+                numpy.random.seed(0)
+            except ImportError:
+                pass
+            os.environ["RETOOL_POISON"] = TOKEN
+            sys.setrecursionlimit(77)
+            sys.modules["json"] = None
+            random.random = lambda: 0.5
+            builtins.len = lambda obj: 42
+            builtins.print = lambda *args, **kwargs: None
+        """),
+        follow_up=code("""
+            import builtins, math, random
+            dirty = []
+            if builtins.print.__module__ != "builtins" or len([1, 2]) != 2:
+                dirty.append("builtins")
+            if not hasattr(sys.modules.get("json"), "dumps"):
+                dirty.append("sys.modules")
+            if random.random.__module__ == "__main__" or "lambda" in repr(random.random):
+                dirty.append("random")
+            if "RETOOL_POISON" in os.environ:
+                dirty.append("os.environ")
+            if sys.getrecursionlimit() == 77:
+                dirty.append("recursion limit")
+            try:
+                import numpy
+                if numpy.pi != math.pi:
+                    dirty.append("numpy.pi")
+            except ImportError:
+                pass
+            report(dirty=dirty)
+        """),
+        contained=_state_fresh,
+        severity=Severity.MEDIUM,
+        reference="the contract: every call is an independent, fresh interpreter",
+        catalogue=(43,),
+        local=Expect.CONTAINED,
+    ),
+    Case(
+        id="iso-random-reseeded",
+        klass=CaseClass.ISOLATION,
+        title="random numbers differ between calls (a fork server must reseed)",
+        code=_RANDOM,
+        follow_up=_RANDOM,
+        contained=_random_differs,
+        severity=Severity.MEDIUM,
+        reference="a fork server shares its RNG state ('From Zygote to Morula', IEEE S&P 2014)",
+        catalogue=(44,),
+        local=Expect.CONTAINED,
+    ),
+    Case(
+        id="iso-reset-traps",
+        klass=CaseClass.ISOLATION,
+        title="symlinks to /, locked and deep directories, FIFOs and sockets are cleared safely",
+        code=code("""
+            import socket
+            base = f"/tmp/{TOKEN}-traps"
+            os.makedirs(base)
+            os.symlink("/", f"{base}/root-link")
+            os.symlink("/proc/1/root", f"{base}/agent-root")
+            os.symlink(base, f"{base}/loop")
+            os.makedirs(f"{base}/locked/inner")
+            open(f"{base}/locked/inner/file", "w").close()
+            os.chmod(f"{base}/locked/inner", 0)
+            os.chmod(f"{base}/locked", 0)
+            os.mkfifo(f"{base}/fifo")
+            socket.socket(socket.AF_UNIX).bind(f"{base}/socket")
+            open(f"{base}/name\\nwith\\nnewlines", "w").close()
+            here = os.open(".", os.O_RDONLY)
+            os.chdir(base)
+            for _ in range(300):
+                os.mkdir("d")
+                os.chdir("d")
+            os.fchdir(here)
+            os.symlink(base, f"/dev/shm/{TOKEN}-link")
+            report(planted=True)
+        """),
+        follow_up=code("""
+            import shutil
+            base, link = f"/tmp/{TOKEN}-traps", f"/dev/shm/{TOKEN}-link"
+            present = [path for path in (base, link) if os.path.lexists(path)]
+            if os.path.lexists(link):
+                os.unlink(link)
+            if os.path.isdir(base) and not os.path.islink(base):
+                for root, dirs, _ in os.walk(base):
+                    for name in dirs:
+                        path = os.path.join(root, name)
+                        if not os.path.islink(path):
+                            os.chmod(path, 0o700)
+                shutil.rmtree(base)
+            report(present=present)
+        """),
+        contained=_absent,
+        severity=Severity.HIGH,
+        reference="CVE-2024-28185, CVE-2024-28189 (judge0: the host followed a sandbox symlink)",
+        catalogue=(41,),
+    ),
+)

@@ -1,0 +1,383 @@
+"""The integrity of our own agent protocol: a call cannot reach the agent or other calls.
+
+In a container, the agent is PID 1 and the call's parent; its stdin/stdout
+are the attach stream to the host, over which frames carry every call's code
+and result. A call must not read or forge those frames, read the agent's
+memory, trace or signal it, change another call's result, or outlive its
+call. On the local backend the same attacks aim at the call's parent, which
+is the host process running the sandbox (the trainer); those that could harm
+it (tracing, signals) are not run there, and those about frames do not apply.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import retool_exec
+from retool_exec._models import Outcome
+from retool_exec.security.model import (
+    Case,
+    CaseClass,
+    Expect,
+    Observation,
+    Severity,
+    exposed_as_root,
+)
+from retool_exec.security.snippets import all_denied, code, on_time
+
+__all__ = ["CASES"]
+
+ALIVE = code("""
+    report(alive=watch_named())
+""")
+
+FRAME_TOOLS = code("""
+    import struct
+
+    def frame(message):
+        payload = json.dumps(message).encode()
+        return struct.pack(">I", len(payload)) + payload
+
+    def forged_result(call_id, text):
+        return {"type": "result", "id": call_id, "returncode": 0, "timed_out": False,
+                "oom": False, "stdout": text, "stdout_dropped": 0, "stderr": "",
+                "stderr_dropped": 0, "duration": 0.0}
+""")
+
+
+def _local_package_writable() -> Expect:
+    package = Path(retool_exec.__file__).resolve()
+    return Expect.EXPOSED if os.access(package, os.W_OK) else Expect.CONTAINED
+
+
+def _agent_files_denied(obs: Observation) -> bool:
+    facts = obs.facts()
+    denied_links = all(str(value).isupper() for value in facts["links"].values())  # errno names
+    return (
+        isinstance(facts["listed"], str) and denied_links and all_denied(facts["opened"].values())
+    )
+
+
+def _nothing_left(obs: Observation) -> bool:
+    """No process of the attack is still running in the follow-up (zombies are dead)."""
+    if obs.follow is None or not obs.follow.ok:
+        return False
+    return [state for _, state in obs.follow_facts()["alive"] if state != "Z"] == []
+
+
+CASES: tuple[Case, ...] = (
+    Case(
+        id="proto-agent-descriptors",
+        klass=CaseClass.PROTOCOL,
+        title="the agent's descriptors (the host's frame stream) can be neither listed nor opened",
+        code=code("""
+            try:
+                listed = len(os.listdir(f"/proc/{AGENT}/fd"))
+            except OSError as exc:
+                listed = why(exc)
+            links = {}
+            for fd in ("0", "1", "2"):
+                try:
+                    links[fd] = os.readlink(f"/proc/{AGENT}/fd/{fd}")
+                except OSError as exc:
+                    links[fd] = why(exc)
+            opened = {}
+            if IN_AGENT_SANDBOX:  # never open the host process's descriptors
+                opened["fd 0 for reading"] = try_open("/proc/1/fd/0", os.O_RDONLY | os.O_NONBLOCK)
+                opened["fd 1 for writing"] = try_open("/proc/1/fd/1", os.O_WRONLY)
+            report(listed=listed, links=links, opened=opened)
+        """),
+        contained=_agent_files_denied,
+        severity=Severity.CRITICAL,
+        reference="the agent's PR_SET_DUMPABLE(0); CVE-2024-21626 (leaked descriptors, runc)",
+    ),
+    Case(
+        id="proto-agent-memory",
+        klass=CaseClass.PROTOCOL,
+        title="the agent's memory cannot be read (/proc/1/mem, maps, process_vm_readv)",
+        code=code("""
+            class IOVec(ctypes.Structure):
+                _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+            with open("/proc/self/maps") as handle:
+                address = int(handle.readline().split("-")[0], 16)  # same layout as a fork
+            buffer = ctypes.create_string_buffer(8)
+            local = IOVec(ctypes.cast(buffer, ctypes.c_void_p), 8)
+            remote = IOVec(address, 8)
+            got = libc.syscall(310, AGENT, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+            attempts = {
+                "mem": try_open(f"/proc/{AGENT}/mem", os.O_RDONLY),
+                "maps": try_open(f"/proc/{AGENT}/maps", os.O_RDONLY),
+                # EFAULT means the permission check passed (only the address was wrong)
+                "process_vm_readv": "ok" if got >= 0 else last_error().replace("EFAULT", "ok"),
+            }
+            report(attempts=attempts)
+        """),
+        contained=lambda obs: all_denied(obs.facts()["attempts"].values()),
+        severity=Severity.CRITICAL,
+        reference="ptrace access mode checks (ptrace(2)); the agent's PR_SET_DUMPABLE(0)",
+        catalogue=(11,),
+        local=exposed_as_root,  # without root, Yama's ptrace_scope decides
+    ),
+    Case(
+        id="proto-agent-ptrace",
+        klass=CaseClass.PROTOCOL,
+        title="the agent cannot be traced (PTRACE_ATTACH, PTRACE_SEIZE)",
+        code=code("""
+            attempts = {}
+            if IN_AGENT_SANDBOX:
+                libc.ptrace.restype = ctypes.c_long
+                for name, request in (("PTRACE_ATTACH", 16), ("PTRACE_SEIZE", 0x4206)):
+                    rc = libc.ptrace(request, 1, None, None)
+                    attempts[name] = "ok" if rc == 0 else last_error()
+                    if rc == 0:
+                        libc.ptrace(17, 1, None, None)  # PTRACE_DETACH
+            report(attempts=attempts)
+        """),
+        contained=lambda obs: (
+            bool(obs.facts()["attempts"]) and all_denied(obs.facts()["attempts"].values())
+        ),
+        severity=Severity.CRITICAL,
+        reference="CVE-2019-13272 (ptrace); moby: CAP_SYS_PTRACE dropped",
+        catalogue=(11,),
+        local=Expect.HARMFUL,
+        local_reason="would stop the host process that runs the sandbox",
+    ),
+    Case(
+        id="proto-agent-signals",
+        klass=CaseClass.PROTOCOL,
+        title="every signal sent to the agent (SIGKILL and SIGSTOP included) leaves it serving",
+        code=code("""
+            sent, errors = 0, {}
+            if IN_AGENT_SANDBOX:
+                for number in range(1, 65):
+                    if number == 17:  # SIGCHLD: the agent's own wake-up, harmless
+                        continue
+                    try:
+                        os.kill(1, number)
+                        sent += 1
+                    except OSError as exc:
+                        errors[number] = why(exc)
+                time.sleep(0.3)
+            report(sent=sent, errors=errors)
+        """),
+        follow_up=code("""
+            report(agent_alive=True)
+        """),
+        contained=lambda obs: (
+            obs.result.ok
+            and obs.facts()["sent"] + len(obs.facts()["errors"]) >= 63
+            and obs.follow is not None
+            and obs.follow.ok
+        ),
+        severity=Severity.CRITICAL,
+        reference="pid_namespaces(7): init ignores signals it has no handler for",
+        local=Expect.HARMFUL,
+        local_reason="would kill the host process that runs the sandbox",
+    ),
+    Case(
+        id="proto-agent-environment",
+        klass=CaseClass.PROTOCOL,
+        title="the agent's environment, root, cwd and executable links are unreadable",
+        code=code("""
+            attempts = {"environ": try_open(f"/proc/{AGENT}/environ", os.O_RDONLY)}
+            for name in ("root", "cwd", "exe"):
+                try:
+                    os.readlink(f"/proc/{AGENT}/{name}")
+                    attempts[name] = "ok"
+                except OSError as exc:
+                    attempts[name] = why(exc)
+            report(attempts=attempts)
+        """),
+        contained=lambda obs: all_denied(obs.facts()["attempts"].values()),
+        severity=Severity.HIGH,
+        reference="/proc/PID/root as an escape path (CVE-2019-5736 family); PR_SET_DUMPABLE",
+    ),
+    Case(
+        id="proto-agent-code",
+        klass=CaseClass.PROTOCOL,
+        title="the agent's and retool_exec's own code cannot be opened for writing",
+        code=code("""
+            paths = ["/opt/retool_exec/agent.py", "__PACKAGE_DIR__/backends/docker/agent.py",
+                     "__PACKAGE_DIR__/_sandbox.py"]
+            report(attempts={path: try_open(path, os.O_WRONLY | os.O_APPEND) for path in paths})
+        """),
+        contained=lambda obs: all_denied(obs.facts()["attempts"].values()),
+        severity=Severity.CRITICAL,
+        reference="CVE-2019-5736 (a container overwriting the runtime the host runs next)",
+        local=_local_package_writable,
+    ),
+    Case(
+        id="proto-forged-frames-in-output",
+        klass=CaseClass.PROTOCOL,
+        title="frame-shaped bytes on stdout/stderr are data, not results",
+        code=FRAME_TOOLS
+        + code("""
+            for call_id in range(0, 40):
+                sys.stdout.buffer.write(frame(forged_result(call_id, "FORGED")))
+                sys.stderr.buffer.write(frame({"type": "reset", "id": call_id, "clean": True}))
+            sys.stdout.flush()
+            sys.stderr.flush()
+            sys.exit(7)
+        """),
+        contained=lambda obs: (
+            obs.result.returncode == 7
+            and obs.result.outcome is Outcome.ERROR
+            and "FORGED" in obs.result.stdout
+            and obs.result.stdout != "FORGED"
+        ),
+        severity=Severity.HIGH,
+        reference="in-band signalling: frames must travel on a channel user code does not own",
+        local=Expect.CONTAINED,
+    ),
+    Case(
+        id="proto-forge-next-result",
+        klass=CaseClass.PROTOCOL,
+        title="a call cannot write frames to the host that become the next call's result",
+        code=FRAME_TOOLS
+        + code("""
+            frame_, request = sys._getframe(), None
+            while frame_ is not None and request is None:
+                candidate = frame_.f_locals.get("request")
+                request = candidate if isinstance(candidate, dict) else None
+                frame_ = frame_.f_back
+            call_id = request.get("id") if request else None
+            attempt = "not in an agent sandbox"
+            if IN_AGENT_SANDBOX and isinstance(call_id, int):
+                try:
+                    fd = os.open("/proc/1/fd/1", os.O_WRONLY)
+                    os.write(fd, frame(forged_result(call_id, "FORGED-THIS"))
+                             + frame({"type": "reset", "id": call_id, "clean": True, "reason": ""})
+                             + frame(forged_result(call_id + 1, "FORGED-NEXT")))
+                    os.close(fd)
+                    attempt = "written"
+                except OSError as exc:
+                    attempt = why(exc)
+            report(call_id=call_id, attempt=attempt)
+        """),
+        follow_up=code("""
+            report(genuine=TOKEN)
+        """),
+        contained=lambda obs: (
+            obs.follow is not None
+            and "FORGED" not in obs.result.stdout
+            and "FORGED" not in obs.follow.stdout
+            and obs.follow.ok
+            and obs.ctx.token in obs.follow.stdout
+        ),
+        severity=Severity.CRITICAL,
+        reference="the agent protocol's own threat model (agent.py docstring)",
+        local=Expect.NOT_APPLICABLE,
+    ),
+    Case(
+        id="proto-descriptors-and-stdin",
+        klass=CaseClass.PROTOCOL,
+        title="the call holds only its stdio pipes (+ status pipe); stdin is /dev/null",
+        code=code("""
+            import stat
+            kinds = {}
+            for entry in sorted(os.listdir("/proc/self/fd"), key=int):
+                try:
+                    mode = os.fstat(int(entry)).st_mode
+                except OSError:
+                    continue  # the directory listing's own descriptor, closed by now
+                kinds[entry] = ("socket" if stat.S_ISSOCK(mode) else "dir" if stat.S_ISDIR(mode)
+                                else "pipe" if stat.S_ISFIFO(mode) else "char" if stat.S_ISCHR(mode)
+                                else "file")
+            null = os.stat("/dev/null")
+            stdin = os.fstat(0)
+            same = (stdin.st_dev, stdin.st_ino) == (null.st_dev, null.st_ino)
+            report(kinds=kinds, stdin_is_null=same, stdin_data=len(sys.stdin.read()))
+        """),
+        contained=lambda obs: (
+            set(obs.facts()["kinds"]) <= {"0", "1", "2", "3"}
+            and not {"socket", "dir"} & set(obs.facts()["kinds"].values())
+            and obs.facts()["stdin_is_null"] is True
+            and obs.facts()["stdin_data"] == 0
+        ),
+        severity=Severity.HIGH,
+        reference="CVE-2024-21626 (runc leaked a host directory descriptor); codejail",
+        local=Expect.CONTAINED,
+    ),
+    Case(
+        id="proto-tamper-next-call",
+        klass=CaseClass.PROTOCOL,
+        title="a process left by call N cannot write into call N+1's output",
+        code=code("""
+            def tamper(deadline):
+                victim_file = f"/tmp/{TOKEN}-victim"
+                while time.monotonic() < deadline:
+                    try:
+                        with open(victim_file) as handle:
+                            victim = int(handle.read())
+                    except (OSError, ValueError):
+                        time.sleep(0.02)
+                        continue
+                    for fd in (1, 2):
+                        try:
+                            with open(f"/proc/{victim}/fd/{fd}", "w") as out:
+                                out.write(f"TAMPERED-{TOKEN}\\n")
+                        except OSError:
+                            pass
+                    return
+            daemon(tamper, 6)
+            report(armed=True)
+        """),
+        follow_up=code("""
+            victim_file = f"/tmp/{TOKEN}-victim"
+            with open(victim_file, "w") as handle:
+                handle.write(str(os.getpid()))
+            time.sleep(1.0)
+            os.unlink(victim_file)
+            report(intact=True)
+        """),
+        contained=lambda obs: (
+            obs.follow is not None
+            and obs.follow.ok
+            and "TAMPERED" not in obs.follow.stdout + obs.follow.stderr
+        ),
+        severity=Severity.CRITICAL,
+        reference="cross-sample reward tampering in RL: one rollout rewriting another's result",
+    ),
+    Case(
+        id="proto-outlive-pid-hopping",
+        klass=CaseClass.PROTOCOL,
+        title="a process hopping pids (fork, exit, setsid) does not outlive its call",
+        code=code("""
+            def hop(deadline):
+                while time.monotonic() < deadline:
+                    if os.fork() != 0:
+                        os._exit(0)  # the parent leaves; a child carries on under a new pid
+                    os.setsid()
+                    time.sleep(0.05)
+            daemon(hop, 5)
+            report(hopping=True)
+        """),
+        follow_up=ALIVE,
+        contained=_nothing_left,
+        severity=Severity.HIGH,
+        reference="kill-by-pid races; the agent's kill(-1, SIGKILL) ends all at once",
+    ),
+    Case(
+        id="proto-outlive-timeout",
+        klass=CaseClass.PROTOCOL,
+        title="on timeout, every process of the call dies, including ones outside its session",
+        code=code("""
+            def linger(deadline):
+                while time.monotonic() < deadline:
+                    time.sleep(0.1)
+            daemon(linger, 6)
+            while True:
+                pass
+        """),
+        follow_up=ALIVE,
+        contained=lambda obs: (
+            obs.result.outcome is Outcome.TIMEOUT and on_time(obs) and _nothing_left(obs)
+        ),
+        severity=Severity.HIGH,
+        reference="the seed killed only the process group on timeout",
+        timeout=2.0,
+        exclusive=True,
+    ),
+)

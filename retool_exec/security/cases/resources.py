@@ -1,0 +1,508 @@
+"""Resources: bombs, floods, runaway loops and leftovers, each stopped by a limit.
+
+The numbers assume the audit's sandbox limits (``runner.AUDIT_LIMITS``:
+256 MB of memory, 64 processes, a 16 MB ``/tmp`` with 4096 inodes, 8 MB
+``/dev/shm``, 8 MB files, 256 descriptors). Bombs that would really hurt this
+shared machine are never run on the local backend (``Expect.HARMFUL``); the
+bounded ones (2 x 160 MB, 1000 threads, one 16 MB file) are, to show that a
+subprocess has no limit there.
+"""
+
+from __future__ import annotations
+
+import resource
+
+from retool_exec._models import Outcome
+from retool_exec.security.model import Case, CaseClass, Expect, Observation, Severity
+from retool_exec.security.snippets import code, late_enough, on_time, outcome_in
+
+__all__ = ["CASES"]
+
+MIB = 1024 * 1024
+
+
+def _memory_reported(obs: Observation) -> bool:
+    result = obs.result
+    memory_error = result.outcome is Outcome.ERROR and "MemoryError" in result.stderr
+    return (result.outcome is Outcome.OOM or memory_error) and on_time(obs)
+
+
+def _stopped_by_timeout(obs: Observation) -> bool:
+    return outcome_in(obs, Outcome.TIMEOUT) and on_time(obs) and late_enough(obs)
+
+
+def _nothing_named_left(obs: Observation, *, zombies: bool = False) -> bool:
+    """No process of the attack is still running in the follow-up (nor, if asked, a zombie)."""
+    if obs.follow is None or not obs.follow.ok:
+        return False
+    left = [state for _, state in obs.follow_facts()["alive"] if zombies or state != "Z"]
+    return left == []
+
+
+def _local_fd_limit() -> Expect:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return Expect.CONTAINED if 0 <= soft < 4000 else Expect.EXPOSED
+
+
+def _local_fsize_limit() -> Expect:
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    return Expect.CONTAINED if 0 <= soft < 16 * MIB else Expect.EXPOSED
+
+
+def _local_core_limit() -> Expect:
+    _, hard = resource.getrlimit(resource.RLIMIT_CORE)
+    return Expect.CONTAINED if hard == 0 else Expect.EXPOSED
+
+
+ALIVE = code("""
+    report(alive=watch_named())
+""")
+"""Follow-up: which processes named after the token still exist."""
+
+CASES: tuple[Case, ...] = (
+    Case(
+        id="res-fork-bomb",
+        klass=CaseClass.RESOURCES,
+        title="a fork bomb hits the process limit (EAGAIN) and the next call is fine",
+        code=code("""
+            forked, error = 0, None
+            try:
+                for _ in range(5000):
+                    if os.fork() == 0:
+                        time.sleep(2)
+                        os._exit(0)
+                    forked += 1
+            except OSError as exc:
+                error = why(exc)
+            report(forked=forked, error=error)
+        """),
+        contained=lambda obs: (
+            (obs.result.ok and obs.facts()["error"] == "EAGAIN" and obs.facts()["forked"] < 200)
+            or (obs.ctx.gvisor and obs.result.outcome is Outcome.OOM)
+        ),
+        severity=Severity.HIGH,
+        reference="snekbox test_nsjail fork bomb; CIS Docker 5.29 (pids limit)",
+        catalogue=(16,),
+        exclusive=True,
+        local=Expect.HARMFUL,
+        note="under gVisor each forked interpreter is charged to the memory limit, which "
+        "stops the bomb first: OOM, the container killed whole, the next call fine",
+    ),
+    Case(
+        id="res-thread-bomb",
+        klass=CaseClass.RESOURCES,
+        title="a thread bomb gets 'can't start new thread' well before 1000 threads",
+        code=code("""
+            import threading
+            threading.stack_size(64 * 1024)
+            started, error = 0, None
+            try:
+                for _ in range(1000):
+                    threading.Thread(target=time.sleep, args=(1,), daemon=True).start()
+                    started += 1
+            except RuntimeError as exc:
+                error = str(exc)
+            report(started=started, error=error)
+        """),
+        contained=lambda obs: (
+            obs.facts()["error"] is not None and obs.facts()["started"] < 1000 and on_time(obs)
+        ),
+        severity=Severity.MEDIUM,
+        reference="codejail fork/thread limits; CIS Docker 5.29 (pids limit)",
+        catalogue=(17,),
+        exclusive=True,
+    ),
+    Case(
+        id="res-memory-one-block",
+        klass=CaseClass.RESOURCES,
+        title="one 1 GB allocation is reported as OOM",
+        code=code("""
+            block = bytearray(1 << 30)
+            block[::4096] = b"x" * len(range(0, 1 << 30, 4096))
+            report(survived=len(block))
+        """),
+        contained=_memory_reported,
+        severity=Severity.HIGH,
+        reference="codejail memory test; snekbox test_memory_limit; CIS Docker 5.10",
+        catalogue=(18,),
+        exclusive=True,
+        local=Expect.HARMFUL,
+    ),
+    Case(
+        id="res-memory-many-blocks",
+        klass=CaseClass.RESOURCES,
+        title="memory grown in 1 MB steps is reported as OOM",
+        code=code("""
+            blocks = []
+            while True:
+                blocks.append(b"x" * (1 << 20))
+        """),
+        contained=_memory_reported,
+        severity=Severity.HIGH,
+        reference="snekbox test_memory_limit; CIS Docker 5.10 (memory limit)",
+        catalogue=(18,),
+        exclusive=True,
+        local=Expect.HARMFUL,
+    ),
+    Case(
+        id="res-memory-children",
+        klass=CaseClass.RESOURCES,
+        title="two child processes share one memory budget (2 x 160 MB > 256 MB)",
+        code=code("""
+            children = []
+            for _ in range(2):
+                pid = os.fork()
+                if pid == 0:
+                    try:
+                        block = bytearray(160 * 1024 * 1024)
+                        block[::4096] = b"x" * len(range(0, len(block), 4096))
+                        time.sleep(0.5)
+                        os._exit(0)
+                    except MemoryError:
+                        os._exit(3)
+                children.append(pid)
+            report(statuses=[os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in children])
+        """),
+        contained=lambda obs: (
+            obs.result.outcome is Outcome.OOM or any(s != 0 for s in obs.facts()["statuses"])
+        ),
+        severity=Severity.HIGH,
+        reference="cgroup memory accounting is per container, not per process (CIS Docker 5.10)",
+        catalogue=(18,),
+        exclusive=True,
+    ),
+    Case(
+        id="res-infinite-loop",
+        klass=CaseClass.RESOURCES,
+        title="an infinite loop times out at the wall-clock limit",
+        code=code("""
+            while True:
+                pass
+        """),
+        contained=_stopped_by_timeout,
+        severity=Severity.MEDIUM,
+        reference="codejail real-time limit; the seed's wall-clock timeout",
+        catalogue=(19,),
+        timeout=2.0,
+        exclusive=True,
+        local=Expect.CONTAINED,
+    ),
+    Case(
+        id="res-signals-blocked",
+        klass=CaseClass.RESOURCES,
+        title="a busy loop that ignores and blocks every signal is still killed on time",
+        code=code("""
+            import signal
+            for number in signal.valid_signals():
+                try:
+                    signal.signal(number, signal.SIG_IGN)
+                except (OSError, ValueError):
+                    pass
+            signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+            while True:
+                pass
+        """),
+        contained=_stopped_by_timeout,
+        severity=Severity.MEDIUM,
+        reference="trio _posix_deliver_cancel (go straight to SIGKILL for untrusted code)",
+        catalogue=(20,),
+        timeout=2.0,
+        exclusive=True,
+        local=Expect.CONTAINED,
+    ),
+    Case(
+        id="res-catastrophic-regex",
+        klass=CaseClass.RESOURCES,
+        title="catastrophic regex backtracking (C code, no signal checks) times out on time",
+        code=code("""
+            import re
+            re.match(r"(a+)+$", "a" * 64 + "b")
+        """),
+        contained=_stopped_by_timeout,
+        severity=Severity.MEDIUM,
+        reference="ReDoS; a signal-based timeout never fires inside the regex engine",
+        catalogue=(21,),
+        timeout=2.0,
+        exclusive=True,
+        local=Expect.CONTAINED,
+    ),
+    Case(
+        id="res-segfault",
+        klass=CaseClass.RESOURCES,
+        title="a C-stack overflow is reported as a crash, and no core file can be written",
+        code=code("""
+            import resource
+            limits = resource.getrlimit(resource.RLIMIT_CORE)
+            report(core_limit=limits)
+            resource.setrlimit(resource.RLIMIT_CORE, (0, limits[1]))  # never dump on the host
+            sys.setrecursionlimit(10 ** 8)
+            nested = []
+            for _ in range(200_000):  # deeper than any 8 MB C stack can recurse in repr()
+                nested = [nested]
+            repr(nested)
+        """),
+        contained=lambda obs: (
+            obs.result.outcome is Outcome.SIGNAL and obs.facts()["core_limit"] == [0, 0]
+        ),
+        severity=Severity.LOW,
+        reference="codejail/snekbox crash handling; core dumps leak memory to disk",
+        catalogue=(22,),
+        exclusive=True,
+        local=_local_core_limit,
+    ),
+    Case(
+        id="res-fill-tmp",
+        klass=CaseClass.RESOURCES,
+        title="filling /tmp stops with ENOSPC at the tmpfs cap",
+        code=code("""
+            written, error = 0, None
+            try:
+                for index in range(100):
+                    with open(f"/tmp/{TOKEN}-fill{index}", "wb") as handle:
+                        for _ in range(4):
+                            handle.write(b"x" * (1 << 20))
+                            written += 1
+            except OSError as exc:
+                error = why(exc)
+            report(written_mb=written, error=error)
+        """),
+        contained=lambda obs: obs.facts()["error"] == "ENOSPC" and obs.facts()["written_mb"] <= 17,
+        severity=Severity.MEDIUM,
+        reference="codejail file-write limit; the seed's unbounded temporary files",
+        catalogue=(23,),
+        exclusive=True,
+        local=Expect.HARMFUL,
+        local_reason="would fill this host's /tmp: the seed's sandbox has no limit here",
+    ),
+    Case(
+        id="res-tmp-inodes",
+        klass=CaseClass.RESOURCES,
+        title="creating endless empty files stops at the inode cap",
+        code=code("""
+            os.mkdir(f"/tmp/{TOKEN}-many")
+            created, error, started = 0, None, time.monotonic()
+            try:
+                while created < 20000 and time.monotonic() - started < 4:
+                    open(f"/tmp/{TOKEN}-many/{created}", "w").close()
+                    created += 1
+            except OSError as exc:
+                error = why(exc)
+            report(created=created, error=error)
+        """),
+        contained=lambda obs: obs.facts()["error"] == "ENOSPC" and obs.facts()["created"] <= 4096,
+        severity=Severity.MEDIUM,
+        reference="tmpfs nr_inodes; inode exhaustion DoS (snekbox sparse-file/file-count tests)",
+        catalogue=(23,),
+        timeout=8.0,
+        exclusive=True,
+        local=Expect.HARMFUL,
+        local_reason="would create 20000 files in this host's /tmp",
+    ),
+    Case(
+        id="res-fill-shm",
+        klass=CaseClass.RESOURCES,
+        title="filling /dev/shm stops with ENOSPC at its cap",
+        code=code("""
+            written, error = 0, None
+            try:
+                for index in range(64):
+                    with open(f"/dev/shm/{TOKEN}-{index}", "wb") as handle:
+                        handle.write(b"x" * (1 << 20))
+                    written += 1
+            except OSError as exc:
+                error = why(exc)
+            report(written_mb=written, error=error)
+        """),
+        contained=lambda obs: obs.facts()["error"] == "ENOSPC" and obs.facts()["written_mb"] <= 9,
+        severity=Severity.MEDIUM,
+        reference="snekbox test_shared_memory; Docker --shm-size",
+        catalogue=(24,),
+        exclusive=True,
+        local=Expect.HARMFUL,
+        local_reason="would fill this host's /dev/shm (half its RAM)",
+    ),
+    Case(
+        id="res-shared-memory",
+        klass=CaseClass.RESOURCES,
+        title="a 64 MB SharedMemory segment fails cleanly (beyond /dev/shm and file-size caps)",
+        code=code("""
+            from multiprocessing import shared_memory
+            segment = shared_memory.SharedMemory(name=f"{TOKEN}-shm", create=True,
+                                                 size=64 * 1024 * 1024)
+            try:
+                for offset in range(0, segment.size, 4096):
+                    segment.buf[offset] = 1
+                report(wrote=segment.size)
+            finally:
+                segment.close()
+                segment.unlink()
+        """),
+        contained=lambda obs: (
+            obs.result.outcome in (Outcome.SIGNAL, Outcome.ERROR, Outcome.OOM)
+            and "wrote" not in obs.result.stdout
+            and on_time(obs)
+        ),
+        severity=Severity.MEDIUM,
+        reference="snekbox test_shared_memory (SIGBUS beyond the shm size)",
+        catalogue=(24,),
+        exclusive=True,
+    ),
+    Case(
+        id="res-file-descriptors",
+        klass=CaseClass.RESOURCES,
+        title="opening endless descriptors stops with EMFILE at a small limit",
+        code=code("""
+            opened, error = 0, None
+            try:
+                while opened < 4096:
+                    os.open("/dev/null", os.O_RDONLY)
+                    opened += 1
+            except OSError as exc:
+                error = why(exc)
+            report(opened=opened, error=error)
+        """),
+        contained=lambda obs: obs.facts()["error"] == "EMFILE" and obs.facts()["opened"] < 4096,
+        severity=Severity.LOW,
+        reference="CIS Docker 5.28 (ulimits); isolate/nsjail RLIMIT_NOFILE",
+        catalogue=(25,),
+        local=_local_fd_limit,
+    ),
+    Case(
+        id="res-file-size",
+        klass=CaseClass.RESOURCES,
+        title="a file beyond the size limit fails with EFBIG/SIGXFSZ",
+        code=code("""
+            path = f"/tmp/{TOKEN}-big"
+            written = 0
+            try:
+                with open(path, "wb") as handle:
+                    for _ in range(16):
+                        handle.write(b"x" * (1 << 20))
+                        handle.flush()
+                        written += 1
+                report(written_mb=written)
+            except OSError as exc:
+                report(written_mb=written, error=why(exc))
+            finally:
+                if os.path.exists(path):
+                    os.unlink(path)
+        """),
+        contained=lambda obs: (
+            (obs.result.outcome is Outcome.SIGNAL and obs.result.returncode == -25)
+            or obs.facts().get("error") == "EFBIG"
+        ),
+        severity=Severity.MEDIUM,
+        reference="codejail file-size limit; isolate RLIMIT_FSIZE",
+        catalogue=(26,),
+        local=_local_fsize_limit,
+    ),
+    Case(
+        id="res-urandom-hoard",
+        klass=CaseClass.RESOURCES,
+        title="hoarding /dev/urandom into memory ends in OOM or a timeout, contained",
+        code=code("""
+            hoard = []
+            with open("/dev/urandom", "rb") as source:
+                while True:
+                    hoard.append(source.read(1 << 20))
+        """),
+        contained=lambda obs: (
+            (obs.result.outcome in (Outcome.OOM, Outcome.TIMEOUT) or _memory_reported(obs))
+            and on_time(obs)
+        ),
+        severity=Severity.MEDIUM,
+        reference="codejail /dev/random read test",
+        catalogue=(27,),
+        timeout=3.0,
+        exclusive=True,
+        local=Expect.HARMFUL,
+    ),
+    Case(
+        id="res-background-process",
+        klass=CaseClass.RESOURCES,
+        title="a setsid/double-fork process holding the pipes neither delays the call nor survives",
+        code=code("""
+            def linger(deadline):
+                while time.monotonic() < deadline:
+                    time.sleep(0.1)
+            daemon(linger, 6)
+            report(started=True)
+        """),
+        follow_up=ALIVE,
+        contained=lambda obs: (
+            obs.result.ok
+            and obs.result.latency - obs.result.queue_wait < 2.5
+            and _nothing_named_left(obs)
+        ),
+        severity=Severity.HIGH,
+        reference="the seed killed the process group only on timeout; judge0 leftover workers",
+        catalogue=(28,),
+    ),
+    Case(
+        id="res-zombies",
+        klass=CaseClass.RESOURCES,
+        title="zombies left by a call are reaped before the next call",
+        code=code("""
+            def never_wait(deadline):
+                for _ in range(20):
+                    if os.fork() == 0:
+                        os._exit(0)
+                time.sleep(max(0.0, deadline - time.monotonic()))
+            daemon(never_wait, 5)
+            for _ in range(10):
+                if os.fork() == 0:
+                    name_process()
+                    os._exit(0)
+            time.sleep(0.3)
+            report(zombies=sum(1 for _, state in named_processes() if state == "Z"))
+        """),
+        follow_up=ALIVE,
+        contained=lambda obs: (
+            obs.facts()["zombies"] >= 10 and _nothing_named_left(obs, zombies=True)
+        ),
+        severity=Severity.LOW,
+        reference="zombie accumulation exhausts the pid limit; docker --init / tini",
+        catalogue=(29,),
+    ),
+    Case(
+        id="res-huge-source",
+        klass=CaseClass.RESOURCES,
+        title="10 MB of source code gives a clear result",
+        code=lambda: 'text = "' + "a" * (10 * MIB) + '"\nprint(len(text))\n',
+        contained=lambda obs: obs.result.ok and obs.result.stdout == f"{10 * MIB}\n",
+        severity=Severity.LOW,
+        reference="the seed passed code in argv (E2BIG for large code)",
+        catalogue=(30,),
+        timeout=10.0,
+        raw=True,
+        local=Expect.CONTAINED,
+    ),
+    Case(
+        id="res-nul-in-code",
+        klass=CaseClass.RESOURCES,
+        title="NUL bytes in the code give a clear error",
+        code="print('before')\x00print('after')\n",
+        contained=lambda obs: (
+            obs.result.outcome is Outcome.ERROR and "null bytes" in obs.result.stderr
+        ),
+        severity=Severity.LOW,
+        reference="compile() rejects NUL; a C string boundary must not truncate the code",
+        catalogue=(30,),
+        raw=True,
+        local=Expect.CONTAINED,
+    ),
+    Case(
+        id="res-surrogates-in-code",
+        klass=CaseClass.RESOURCES,
+        title="lone surrogates (invalid UTF-8) in the code give a clear result",
+        code="lone = '\ud800'  # \udcff\nprint(len(lone), ascii(lone))\n",
+        contained=lambda obs: (
+            obs.result.outcome in (Outcome.SUCCESS, Outcome.ERROR) and obs.result.detail == ""
+        ),
+        severity=Severity.LOW,
+        reference="str from a model may hold surrogates; encoding it must not crash the host",
+        catalogue=(30,),
+        raw=True,
+        local=Expect.CONTAINED,
+    ),
+)

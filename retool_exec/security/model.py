@@ -1,0 +1,264 @@
+"""What an attack case is, what a run of one observed, and what the audit concluded.
+
+A :class:`Case` is data: attack code, a predicate that says what a *contained*
+outcome looks like, and where the attack comes from. Predicates are judged on
+the host, over an :class:`Observation` (the call's ExecResult, the follow-up
+call's ExecResult where the invariant spans two calls, and the facts the host
+itself knows: its hostname, the canary it planted, what its listeners heard).
+Attack code reports facts as one JSON line (``report(...)``); predicates read
+them with :meth:`Observation.facts`.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from retool_exec._models import ExecResult
+
+__all__ = [
+    "Case",
+    "CaseClass",
+    "CaseContext",
+    "CaseReport",
+    "Expect",
+    "HostFacts",
+    "LocalExpectation",
+    "Observation",
+    "Predicate",
+    "Severity",
+    "Status",
+    "exposed_as_root",
+]
+
+
+class CaseClass(enum.StrEnum):
+    """The catalogue's attack classes, plus the integrity of our own agent protocol."""
+
+    PRIVILEGE = "privilege"
+    NETWORK = "network"
+    RESOURCES = "resources"
+    OUTPUT = "output"
+    INFORMATION = "information"
+    ISOLATION = "isolation"
+    PROTOCOL = "protocol"
+
+
+class Severity(enum.StrEnum):
+    """How bad an exposure is: ``critical`` reaches the host or the agent."""
+
+    CRITICAL = "critical"
+    HIGH = "high"
+    MEDIUM = "medium"
+    LOW = "low"
+
+
+class Status(enum.StrEnum):
+    """The audit's verdict for one case on one backend."""
+
+    CONTAINED = "contained"
+    """The predicate held and so did every invariant."""
+    EXPOSED = "exposed"
+    """The attack got through, or an invariant (on time, next call, nothing left) broke."""
+    ERROR = "error"
+    """The audit could not judge (the predicate could not read the output)."""
+    SKIPPED = "skipped"
+    """Not run on this backend (it would harm the host, or does not apply)."""
+
+
+class Expect(enum.StrEnum):
+    """What the local backend (a plain subprocess on this host) is expected to do."""
+
+    CONTAINED = "contained"
+    """A subprocess contains it (timeouts, output capping, formatting)."""
+    EXPOSED = "exposed"
+    """A subprocess cannot contain it."""
+    HARMFUL = "harmful"
+    """Not run locally: it would really harm this host (fork bomb, memory bomb, disk fill...)."""
+    NOT_APPLICABLE = "not_applicable"
+    """The attack targets the container agent's protocol, which the local backend does not have."""
+    HOST_DEPENDENT = "host_dependent"
+    """The outcome depends on how this host is configured; not asserted locally."""
+
+
+LocalExpectation = Expect | Callable[[], Expect]
+"""An expectation, or a function of the host that computes one (e.g. "exposed when root")."""
+
+
+def exposed_as_root() -> Expect:
+    """Exposed when the local backend runs as root (as on CI); else it depends on the host."""
+    return Expect.EXPOSED if os.geteuid() == 0 else Expect.HOST_DEPENDENT
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What the host knows that a predicate may compare against (see ``host.HostFixtures``)."""
+
+    hostname: str
+    canary_name: str
+    canary_value: str
+    secret_file: str
+    """A file the host created, readable by anyone on the host, that a sandbox must not see."""
+    package_dir: str
+    """The retool_exec checkout on the host."""
+    tcp_port: int
+    udp_port: int
+    unix_name: str
+    """Name of the host's abstract unix socket (without the leading NUL)."""
+    heard: Callable[[str], frozenset[str]] = field(default=lambda token: frozenset())
+    """Which host listeners (``tcp``, ``udp``, ``unix``) received ``token``."""
+
+
+@dataclass(frozen=True)
+class CaseContext:
+    """One run of one case: its unique token and where it runs."""
+
+    token: str
+    """Unique per run; names the run's files and processes so the host can find leftovers."""
+    backend: str
+    gvisor: bool
+    """The backend is gVisor: syscalls reach gVisor's own kernel (the Sentry), not the host's."""
+    timeout: float
+    host: HostFacts
+
+    def substitutions(self) -> Mapping[str, str]:
+        """Placeholders a case's code may contain, and their values."""
+        return {
+            "__TOKEN__": self.token,
+            "__TCP_PORT__": str(self.host.tcp_port),
+            "__UDP_PORT__": str(self.host.udp_port),
+            "__UNIX_NAME__": self.host.unix_name,
+            "__CANARY_NAME__": self.host.canary_name,
+            "__CANARY_VALUE__": self.host.canary_value,
+            "__SECRET_FILE__": self.host.secret_file,
+            "__PACKAGE_DIR__": self.host.package_dir,
+        }
+
+
+def _last_json(text: str) -> dict[str, Any]:
+    for raw in reversed(text.splitlines()):
+        line = raw.strip()
+        if line.startswith("{"):
+            value = json.loads(line)
+            if isinstance(value, dict):
+                return value
+    raise ValueError(f"no JSON facts in output: {text[-200:]!r}")
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one run of a case produced, as a predicate sees it."""
+
+    result: ExecResult
+    follow: ExecResult | None
+    ctx: CaseContext
+
+    def facts(self) -> dict[str, Any]:
+        """The attack's last ``report(...)`` line."""
+        return _last_json(self.result.stdout)
+
+    def follow_facts(self) -> dict[str, Any]:
+        """The follow-up call's last ``report(...)`` line."""
+        if self.follow is None:
+            raise ValueError("this case has no follow-up call")
+        return _last_json(self.follow.stdout)
+
+
+Predicate = Callable[[Observation], bool]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One attack, what containing it means, and where it comes from."""
+
+    id: str
+    klass: CaseClass
+    title: str
+    code: str | Callable[[], str]
+    """Attack code; ``__TOKEN__`` and the other placeholders of ``CaseContext`` are filled in.
+    A function is called when the case runs (for code too large to keep in memory)."""
+    contained: Predicate
+    """True when the outcome is the contained one (judged on the host)."""
+    severity: Severity
+    reference: str
+    """Where the attack comes from: a CVE, a CIS item, a named sandbox's test."""
+    catalogue: tuple[int, ...] = ()
+    """Item numbers in the attack catalogue (design/security-catalogue.md) this case covers."""
+    follow_up: str | None = None
+    """Code run as the next call on the same backend, where the invariant spans two calls."""
+    companion: str | None = None
+    """Code run concurrently with the attack (a neighbour the attack must not see)."""
+    timeout: float | None = None
+    """Wall-clock limit of the attack call; None uses the runner's default."""
+    exclusive: bool = False
+    """Run alone (resource bombs): nothing else runs on the machine's sandboxes meanwhile."""
+    raw: bool = False
+    """Send ``code`` exactly as written (no prelude, no placeholders)."""
+    local: LocalExpectation = Expect.EXPOSED
+    """What the local backend is expected to do with it."""
+    local_reason: str = ""
+    """Why the local backend does not run it (for ``HARMFUL`` / ``NOT_APPLICABLE``)."""
+    note: str = ""
+    """How the predicate reads the outcome where it is not obvious (e.g. under gVisor)."""
+
+    def source(self) -> str:
+        """The attack code as written (before placeholders are filled in)."""
+        return self.code() if callable(self.code) else self.code
+
+    def local_expectation(self) -> Expect:
+        """The local backend's expectation on this host."""
+        return self.local() if callable(self.local) else self.local
+
+    def local_skip_reason(self) -> str:
+        """Why the local backend skips this case ("" when it runs it)."""
+        expect = self.local_expectation()
+        if expect is Expect.HARMFUL:
+            return self.local_reason or (
+                "would harm the host: the seed's sandbox has no limit here"
+            )
+        if expect is Expect.NOT_APPLICABLE:
+            return self.local_reason or "the local backend has no container agent to attack"
+        return ""
+
+
+@dataclass(frozen=True)
+class CaseReport:
+    """The verdict on one case for one backend, with the evidence behind it."""
+
+    case_id: str
+    klass: CaseClass
+    severity: Severity
+    backend: str
+    status: Status
+    reasons: tuple[str, ...] = ()
+    """Why it is not contained (or why skipped / in error); empty when contained."""
+    evidence: str = ""
+    """The attack's own report (or output tail), shortened."""
+    outcome: str = ""
+    seconds: float = 0.0
+
+    def describe(self) -> str:
+        """One paragraph for a test failure or a scorecard note."""
+        text = f"[{self.backend}] {self.case_id}: {self.status.value}"
+        if self.reasons:
+            text += " - " + "; ".join(self.reasons)
+        if self.evidence:
+            text += f"\n  evidence: {self.evidence}"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "case": self.case_id,
+            "class": self.klass.value,
+            "severity": self.severity.value,
+            "backend": self.backend,
+            "status": self.status.value,
+            "reasons": list(self.reasons),
+            "evidence": self.evidence,
+            "outcome": self.outcome,
+            "seconds": round(self.seconds, 3),
+        }
