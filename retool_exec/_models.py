@@ -90,6 +90,24 @@ class ExecResult(BaseModel):
             data["outcome"] = classify_exit(data["returncode"], timed_out=bool(data["timed_out"]))
         super().__init__(**data)
 
+    @classmethod
+    def sandbox_failure(
+        cls, detail: str, *, backend: str, latency: float, queue_wait: float = 0.0
+    ) -> ExecResult:
+        """The result of a call the sandbox itself failed: never looks like the code's error."""
+        return cls(
+            ok=False,
+            stdout="",
+            stderr="",
+            returncode=None,
+            timed_out=False,
+            latency=latency,
+            outcome=Outcome.SANDBOX_ERROR,
+            backend=backend,
+            queue_wait=queue_wait,
+            detail=detail,
+        )
+
     @property
     def truncated(self) -> bool:
         """Whether either stream lost characters to the output cap."""

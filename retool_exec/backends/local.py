@@ -28,7 +28,7 @@ import os
 import signal
 import time
 
-from retool_exec._models import ExecResult, Outcome, classify_exit
+from retool_exec._models import ExecResult, classify_exit
 from retool_exec._output import TailBuffer, read_cap_bytes
 from retool_exec.backends.base import Backend, RunRequest
 from retool_exec.backends.config import LocalConfig
@@ -179,14 +179,6 @@ def _kill_group(pid: int) -> None:
 
 
 def _failure(detail: str, started: float) -> ExecResult:
-    return ExecResult(
-        ok=False,
-        stdout="",
-        stderr="",
-        returncode=None,
-        timed_out=False,
-        latency=time.perf_counter() - started,
-        outcome=Outcome.SANDBOX_ERROR,
-        backend=LocalSubprocessBackend.name,
-        detail=detail,
+    return ExecResult.sandbox_failure(
+        detail, backend=LocalSubprocessBackend.name, latency=time.perf_counter() - started
     )

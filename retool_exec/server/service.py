@@ -227,16 +227,10 @@ class SandboxService:
                 return await self.sandbox.arun_code(program, timeout=timeout, memory_mb=memory)
             except Exception as exc:  # the sandbox broke: an answer, not an HTTP error
                 log.exception("the sandbox failed to run a request")
-                return ExecResult(
-                    ok=False,
-                    stdout="",
-                    stderr="",
-                    returncode=None,
-                    timed_out=False,
-                    latency=time.perf_counter() - started,
-                    outcome=Outcome.SANDBOX_ERROR,
+                return ExecResult.sandbox_failure(
+                    f"{type(exc).__name__}: {exc}",
                     backend=self.sandbox.backend.name,
-                    detail=f"{type(exc).__name__}: {exc}",
+                    latency=time.perf_counter() - started,
                 )
 
     def _command(self, result: ExecResult, records: Records) -> CommandRunResult:

@@ -244,17 +244,8 @@ class DockerBackend(Backend):
 
     def _failure(self, started: float, detail: str, waited: float = 0.0) -> ExecResult:
         log.warning("sandbox failure: %s", detail)
-        return ExecResult(
-            ok=False,
-            stdout="",
-            stderr="",
-            returncode=None,
-            timed_out=False,
-            latency=time.perf_counter() - started,
-            outcome=Outcome.SANDBOX_ERROR,
-            backend=self.name,
-            queue_wait=waited,
-            detail=detail,
+        return ExecResult.sandbox_failure(
+            detail, backend=self.name, latency=time.perf_counter() - started, queue_wait=waited
         )
 
     async def close(self) -> None:
