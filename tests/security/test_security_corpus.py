@@ -38,10 +38,6 @@ KNOWN_HOLES: dict[tuple[str, str], str] = {
     ("docker-runsc", "proto-agent-environment"): GVISOR_AGENT,
     ("docker-runsc", "proto-forge-next-result"): GVISOR_AGENT,
     ("docker-runsc", "proto-agent-signals"): GVISOR_AGENT,
-    ("docker-runsc", "iso-sysv-ipc"): (
-        "known hole: gVisor has no /proc/sysvipc, so the agent's reset finds and removes "
-        "no SysV object"
-    ),
     ("docker-runsc", "iso-posix-mqueue"): (
         "known hole: gVisor mounts no /dev/mqueue, so the agent's reset removes no POSIX queue"
     ),

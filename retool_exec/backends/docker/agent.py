@@ -536,8 +536,11 @@ def reset_container() -> tuple[bool, str]:
     for directory in SCRATCH_DIRS:
         empty_directory(directory)
     empty_directory(MQUEUE_DIR)
-    remove_sysv_ipc()
     problems = []
+    if os.path.isdir(SYSVIPC_DIR):
+        remove_sysv_ipc()
+    else:
+        problems.extend(sweep_sysv_ipc_by_id())
     leftover = other_processes()
     if leftover:
         problems.append(f"processes left: {leftover[:5]}")
@@ -573,6 +576,68 @@ def empty_directory(path: str) -> None:
                 os.unlink(entry.path)
         except OSError:
             pass  # verification reports what could not be removed
+
+
+SYSVIPC_DIR = "/proc/sysvipc"
+IPC_STAT = 2
+IPC_CREAT_PRIVATE = 0o1600  # IPC_CREAT | 0600, with key IPC_PRIVATE (0)
+MAX_SWEEP = 65536
+# Highest SysV id of each kind already swept (see sweep_sysv_ipc_by_id).
+_swept_up_to = {"shm": 0, "msg": 0, "sem": 0}
+
+
+def _ipc_create(kind: str) -> int:
+    if kind == "shm":
+        return int(_libc.shmget(0, 1, IPC_CREAT_PRIVATE))
+    if kind == "msg":
+        return int(_libc.msgget(0, IPC_CREAT_PRIVATE))
+    return int(_libc.semget(0, 1, IPC_CREAT_PRIVATE))
+
+
+def _ipc_remove(kind: str, ipc_id: int) -> None:
+    if kind == "shm":
+        _libc.shmctl(ipc_id, IPC_RMID, None)
+    elif kind == "msg":
+        _libc.msgctl(ipc_id, IPC_RMID, None)
+    else:
+        _libc.semctl(ipc_id, 0, IPC_RMID)
+
+
+def _ipc_exists(kind: str, ipc_id: int) -> bool:
+    buf = ctypes.create_string_buffer(512)
+    if kind == "shm":
+        return int(_libc.shmctl(ipc_id, IPC_STAT, buf)) == 0
+    if kind == "msg":
+        return int(_libc.msgctl(ipc_id, IPC_STAT, buf)) == 0
+    return int(_libc.semctl(ipc_id, 0, IPC_STAT, buf)) >= 0
+
+
+def sweep_sysv_ipc_by_id() -> list[str]:
+    """Remove SysV objects where they cannot be listed (gVisor has no /proc/sysvipc).
+
+    gVisor hands out ids of each kind in increasing order. Creating a probe
+    object gives the newest id; every id between the last sweep and the probe
+    (the probe included) is removed, then each is checked to be gone. Anything
+    unexpected (a probe that fails, a range too large, an object that stays)
+    is reported, and the host retires the container.
+    """
+    problems = []
+    for kind, swept in _swept_up_to.items():
+        newest = _ipc_create(kind)
+        if newest < 0:
+            problems.append(f"SysV {kind}: cannot probe ids")
+            continue
+        if newest <= swept or newest - swept > MAX_SWEEP:
+            _ipc_remove(kind, newest)
+            problems.append(f"SysV {kind}: ids not in sweepable order ({swept} -> {newest})")
+            continue
+        for ipc_id in range(swept + 1, newest + 1):
+            _ipc_remove(kind, ipc_id)
+        left = [i for i in range(swept + 1, newest + 1) if _ipc_exists(kind, i)]
+        if left:
+            problems.append(f"SysV {kind} left: {left[:5]}")
+        _swept_up_to[kind] = newest
+    return problems
 
 
 def sysv_ipc_ids() -> dict[str, list[int]]:
