@@ -41,48 +41,42 @@ _RANDOM = code("""
     report(**facts)
 """)
 
+
+def _file_left_behind(case_id: str, directory: str, reference: str) -> Case:
+    """Call N writes a file in ``directory``; call N+1 must not find it."""
+    return Case(
+        id=case_id,
+        klass=CaseClass.ISOLATION,
+        title=f"a file written in {directory} by call N is absent in call N+1",
+        code=code(f"""
+            with open(f"{directory}/{{TOKEN}}-file", "w") as handle:
+                handle.write("left by call N")
+            report(written=True)
+        """),
+        follow_up=code(f"""
+            path = f"{directory}/{{TOKEN}}-file"
+            present = [path] if os.path.lexists(path) else []
+            for leftover in present:
+                os.unlink(leftover)
+            report(present=present)
+        """),
+        contained=_absent,
+        severity=Severity.HIGH,
+        reference=reference,
+        catalogue=(41,),
+    )
+
+
 CASES: tuple[Case, ...] = (
-    Case(
-        id="iso-tmp-file",
-        klass=CaseClass.ISOLATION,
-        title="a file written in /tmp by call N is absent in call N+1",
-        code=code("""
-            with open(f"/tmp/{TOKEN}-file", "w") as handle:
-                handle.write("left by call N")
-            report(written=True)
-        """),
-        follow_up=code("""
-            path = f"/tmp/{TOKEN}-file"
-            present = [path] if os.path.lexists(path) else []
-            for leftover in present:
-                os.unlink(leftover)
-            report(present=present)
-        """),
-        contained=_absent,
-        severity=Severity.HIGH,
-        reference="the seed: files written by one call stay visible to the next",
-        catalogue=(41,),
+    _file_left_behind(
+        "iso-tmp-file",
+        "/tmp",
+        "the seed: files written by one call stay visible to the next",
     ),
-    Case(
-        id="iso-shm-file",
-        klass=CaseClass.ISOLATION,
-        title="a file written in /dev/shm by call N is absent in call N+1",
-        code=code("""
-            with open(f"/dev/shm/{TOKEN}-file", "w") as handle:
-                handle.write("left by call N")
-            report(written=True)
-        """),
-        follow_up=code("""
-            path = f"/dev/shm/{TOKEN}-file"
-            present = [path] if os.path.lexists(path) else []
-            for leftover in present:
-                os.unlink(leftover)
-            report(present=present)
-        """),
-        contained=_absent,
-        severity=Severity.HIGH,
-        reference="snekbox shared-memory tests; IPC namespace per container (CIS Docker 5.16)",
-        catalogue=(41,),
+    _file_left_behind(
+        "iso-shm-file",
+        "/dev/shm",
+        "snekbox shared-memory tests; IPC namespace per container (CIS Docker 5.16)",
     ),
     Case(
         id="iso-sysv-ipc",
