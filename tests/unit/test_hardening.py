@@ -52,14 +52,17 @@ def test_ulimits_cap_files_file_size_and_core() -> None:
 def test_no_capabilities_no_new_privileges_not_privileged() -> None:
     hc = spec().host_config
     assert hc["cap_drop"] == ["ALL"]
-    assert "cap_add" not in hc
+    # Only what the agent needs to set calls apart; the calls drop all of it.
+    assert hc["cap_add"] == ["KILL", "SETGID", "SETUID", "SETPCAP"]
     assert hc["security_opt"] == ["no-new-privileges"]
     assert hc["privileged"] is False
 
 
-def test_non_root_user_and_neutral_hostname() -> None:
+def test_agent_starts_as_root_and_is_told_to_split_users() -> None:
     s = spec()
-    assert s.create["user"] == "65534:65534"
+    assert s.create["user"] == "0:0"
+    command = s.create["command"]
+    assert command[:4] == ["--agent-user", "65533:65533", "--sandbox-user", "65534:65534"]
     assert s.create["hostname"] == "sandbox"
 
 
@@ -96,8 +99,8 @@ def test_runtime_only_when_asked() -> None:
 
 
 def test_preload_goes_to_the_agent_command() -> None:
-    assert spec(preload=("numpy", "sympy")).create["command"] == ["--preload", "numpy,sympy"]
-    assert spec(preload=()).create["command"] == []
+    assert spec(preload=("numpy", "sympy")).create["command"][-2:] == ["--preload", "numpy,sympy"]
+    assert "--preload" not in spec(preload=()).create["command"]
 
 
 FORBIDDEN_HOST_CONFIG = {
@@ -107,7 +110,6 @@ FORBIDDEN_HOST_CONFIG = {
     "devices",
     "device_requests",
     "device_cgroup_rules",
-    "cap_add",
     "pid_mode",
     "userns_mode",
     "uts_mode",
@@ -129,6 +131,7 @@ FORBIDDEN_HOST_CONFIG = {
 def test_nothing_dangerous_is_ever_written(overrides: dict[str, object]) -> None:
     s = spec(**overrides)
     assert not FORBIDDEN_HOST_CONFIG & set(s.host_config)
+    assert not {"ALL", "SYS_ADMIN", "SYS_PTRACE", "NET_ADMIN"} & set(s.host_config["cap_add"])
     assert "volumes" not in s.create
     assert s.host_config["ipc_mode"] != "host"
     assert s.host_config["network_mode"] != "host"

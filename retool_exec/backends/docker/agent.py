@@ -8,6 +8,7 @@ JSON) read from fd 0 and written to fd 1, which Docker connects to the host
 over the container's attach stream. No ``docker exec``, no mounts, no sockets.
 
     agent -> host  {"type": "ready", "python": ..., "preloaded": [...], "failed": {...}}
+                   or {"type": "fatal", "reason": str} (and exit) if it cannot start safely
     host  -> agent {"type": "run", "id": n, "nonce": hex, "code": str, "timeout": s,
                     "cpu_seconds": n, "read_cap": bytes, "reset": bool}
     agent -> host  {"type": "result", "id": n, "nonce": hex, "returncode": n|null, "timed_out": b,
@@ -18,10 +19,18 @@ over the container's attach stream. No ``docker exec``, no mounts, no sockets.
 Why it is built this way:
 - It is a zygote: modules are imported once, and each call runs in a
   ``fork()`` of that interpreter, skipping Python start-up and imports.
-- It makes itself non-dumpable, so code of the same uid can neither ptrace it
-  nor open ``/proc/1/fd/*`` (which are the attach stream). As PID 1 of the pid
-  namespace it cannot be killed from inside by SIGKILL, and it ignores the
-  signals that would otherwise stop it.
+- It and the calls run as different users. The container starts as root with
+  only CAP_KILL, CAP_SETUID, CAP_SETGID and CAP_SETPCAP; before reading
+  anything the agent becomes its own uid (``--agent-user``) keeping just those,
+  and each child drops to the sandbox uid (``--sandbox-user``) with every
+  capability gone, bounding set included. So a call can neither signal, trace
+  nor open the agent's ``/proc`` entries (the attach stream is ``/proc/1/fd/1``),
+  under gVisor too, where PID 1 and PR_SET_DUMPABLE give no such shield. The
+  agent is also non-dumpable and ignores every catchable signal.
+- Each child installs a seccomp filter on top of Docker's: io_uring (allowed by
+  Docker 20.10's default profile), POSIX message queues (which gVisor gives no
+  way to list, so a reset could not verify them gone) and every non-native
+  syscall ABI (i386, x32) fail with ENOSYS.
 - The child gets a new session, ``/dev/null`` on stdin, fresh pipes on
   stdout/stderr and no other descriptor, rlimits, ``oom_score_adj`` 1000 (so the
   kernel's OOM killer picks it, not the agent) and freshly seeded generators.
@@ -30,8 +39,9 @@ Why it is built this way:
   ``kill(-1, SIGKILL)`` ends every other process in the container, including
   ones that left the session; then all zombies are reaped.
 - After a call, when asked, it empties ``/tmp``, ``/dev/shm``, POSIX message
-  queues and SysV IPC objects and then *verifies* the container is clean; the
-  host retires the container on any doubt.
+  queues and SysV IPC objects (acting as the sandbox uid, which owns them) and
+  then *verifies* the container is clean; the host retires the container on
+  any doubt.
 """
 
 from __future__ import annotations
@@ -146,6 +156,181 @@ def harden_self() -> None:
             pass  # a runtime may refuse some (e.g. real-time signals it uses itself)
 
 
+# -- identities: the agent's uid, the calls' uid ------------------------------------
+
+PR_SET_KEEPCAPS = 8
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_SECCOMP = 22
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+SECCOMP_MODE_FILTER = 2
+CAP_KILL, CAP_SETGID, CAP_SETUID, CAP_SETPCAP = 5, 6, 7, 8
+AGENT_CAPABILITIES = (CAP_KILL, CAP_SETGID, CAP_SETUID, CAP_SETPCAP)
+"""Kill a call's processes; make children the sandbox user; empty their bounding set."""
+_CAPABILITY_VERSION_3 = 0x20080522
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
+
+
+class Identity:
+    """A uid and gid the agent switches between."""
+
+    def __init__(self, spec: str) -> None:
+        uid, _, gid = spec.partition(":")
+        self.uid, self.gid = int(uid), int(gid or uid)
+        if min(self.uid, self.gid) <= 0:
+            raise ValueError(f"identity {spec!r} must be a non-root uid:gid")
+
+
+def _prctl(option: int, arg: int = 0) -> None:
+    if _libc.prctl(option, arg, 0, 0, 0) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"prctl({option}, {arg}): {os.strerror(errno)}")
+
+
+def set_capabilities(capabilities: tuple[int, ...]) -> None:
+    """Make ``capabilities`` this process's permitted and effective set, exactly."""
+    mask = 0
+    for capability in capabilities:
+        mask |= 1 << capability
+    data = (_CapData * 2)()
+    data[0].effective = data[0].permitted = mask
+    if _libc.capset(ctypes.byref(_CapHeader(_CAPABILITY_VERSION_3, 0)), data) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"capset: {os.strerror(errno)}")
+
+
+def capability_sets() -> dict[str, int]:
+    """CapPrm/CapEff/CapBnd/... of this process, as read back from /proc."""
+    sets = {}
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            key, _, value = line.partition(":")
+            if key.startswith("Cap"):
+                sets[key] = int(value.strip(), 16)
+    return sets
+
+
+def become_agent(agent: Identity) -> None:
+    """From root, become the agent's own uid, keeping only AGENT_CAPABILITIES."""
+    if os.getuid() != 0:
+        raise PermissionError(
+            f"the agent must start as root to set the calls apart (it runs as uid {os.getuid()})"
+        )
+    _prctl(PR_SET_KEEPCAPS, 1)
+    os.setgroups([])
+    os.setresgid(agent.gid, agent.gid, agent.gid)
+    os.setresuid(agent.uid, agent.uid, agent.uid)
+    _prctl(PR_SET_KEEPCAPS, 0)
+    set_capabilities(AGENT_CAPABILITIES)
+    wanted = sum(1 << capability for capability in AGENT_CAPABILITIES)
+    sets = capability_sets()
+    if os.getresuid() != (agent.uid,) * 3 or sets.get("CapEff") != wanted:
+        raise PermissionError(f"could not become the agent user: {os.getresuid()} {sets}")
+
+
+def become_sandbox(sandbox: Identity) -> None:
+    """In a child: become the sandbox uid with no capability at all, or fail."""
+    last = 63
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as handle:
+            last = int(handle.read())
+    except (OSError, ValueError):
+        pass
+    for capability in range(last + 1):
+        if _libc.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0) != 0 and ctypes.get_errno() != 22:
+            raise OSError(ctypes.get_errno(), f"PR_CAPBSET_DROP {capability}")  # EINVAL: unknown
+    os.setgroups([])
+    os.setresgid(sandbox.gid, sandbox.gid, sandbox.gid)
+    os.setresuid(sandbox.uid, sandbox.uid, sandbox.uid)
+    _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)  # EINVAL where unsupported
+    set_capabilities(())
+    sets = capability_sets()
+    if os.getresuid() != (sandbox.uid,) * 3 or any(sets.get(k, 0) for k in ("CapPrm", "CapEff")):
+        raise PermissionError(f"could not become the sandbox user: {os.getresuid()} {sets}")
+
+
+class acting_as:
+    """Context manager: the agent's effective ids are ``who``'s for the block.
+
+    Used for the reset: what a call leaves (files, queues, SysV objects) is
+    owned by the sandbox uid, which can remove all of it; the agent keeps its
+    real and saved ids, so no process of that uid can signal or trace it.
+    """
+
+    def __init__(self, who: Identity, back: Identity) -> None:
+        self.who, self.back = who, back
+
+    def __enter__(self) -> None:
+        os.setresgid(-1, self.who.gid, -1)
+        os.setresuid(-1, self.who.uid, -1)
+
+    def __exit__(self, *exc_info: object) -> None:
+        os.setresuid(-1, self.back.uid, -1)
+        os.setresgid(-1, self.back.gid, -1)
+
+
+# -- the calls' syscall filter ------------------------------------------------------
+
+AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+DENIED_SYSCALLS = {
+    # io_uring_setup, io_uring_enter, io_uring_register (one number on every arch)
+    "x86_64": (425, 426, 427, 240),  # ... and mq_open
+    "aarch64": (425, 426, 427, 180),
+}
+X32_SYSCALL_BIT = 0x40000000
+SECCOMP_RET_ALLOW = 0x7FFF0000
+SECCOMP_RET_ERRNO = 0x00050000
+ENOSYS = 38
+_BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_JSET_K, _BPF_RET_K = 0x20, 0x15, 0x45, 0x06
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def syscall_filter(machine: str) -> bytes:
+    """The classic-BPF seccomp program for ``machine`` (see DENIED_SYSCALLS)."""
+    arch, denied = AUDIT_ARCH[machine], DENIED_SYSCALLS[machine]
+    # (code, jump-if-true, jump-if-false, k); "DENY" is resolved to the last instruction.
+    program: list[tuple[int, int | str, int | str, int]] = [
+        (_BPF_LD_W_ABS, 0, 0, 4),  # seccomp_data.arch
+        (_BPF_JEQ_K, 0, "DENY", arch),
+        (_BPF_LD_W_ABS, 0, 0, 0),  # seccomp_data.nr
+        (_BPF_JSET_K, "DENY", 0, X32_SYSCALL_BIT),
+        *((_BPF_JEQ_K, "DENY", 0, number) for number in denied),
+        (_BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),
+        (_BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | ENOSYS),
+    ]
+    deny = len(program) - 1
+    encoded = []
+    for index, (code_, true, false, k) in enumerate(program):
+        jt = deny - index - 1 if true == "DENY" else int(true)
+        jf = deny - index - 1 if false == "DENY" else int(false)
+        encoded.append(struct.pack("=HBBI", code_, jt, jf, k))
+    return b"".join(encoded)
+
+
+def install_syscall_filter() -> None:
+    program = ctypes.create_string_buffer(syscall_filter(os.uname().machine))
+    fprog = _SockFprog(len(program.raw) // 8, ctypes.addressof(program))
+    _prctl(PR_SET_NO_NEW_PRIVS, 1)
+    if _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"installing the seccomp filter: {os.strerror(errno)}")
+
+
 # Run once in the zygote after import, so lazily imported submodules and caches
 # are warm in every forked child (sympy's first solve() imports half of sympy).
 WARMUPS = {
@@ -243,6 +428,13 @@ def child_main(request_r: int, out_w: int, err_w: int, status_w: int) -> None:
     """
     status = 70
     try:
+        try:
+            become_sandbox(Users.sandbox)
+            install_syscall_filter()
+        except BaseException as exc:
+            os.write(err_w, f"sandbox setup failed: {exc}\n".encode(errors="replace"))
+            status = 71
+            return
         os.setsid()
         null = os.open(os.devnull, os.O_RDWR)
         os.dup2(null, 0)
@@ -261,12 +453,14 @@ def child_main(request_r: int, out_w: int, err_w: int, status_w: int) -> None:
             signal.signal(signum, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        # Its own /proc entries (owned by root while non-dumpable, as after the
+        # uid change), so oom_score_adj below is writable.
+        _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
         try:
             with open("/proc/self/oom_score_adj", "w") as handle:
                 handle.write("1000")
         except OSError:
             pass
-        _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # its own /proc entries, not the agent's
         os.chdir("/tmp")
         try:
             request = read_frame(REQUEST_FD)
@@ -533,14 +727,15 @@ def reset_container() -> tuple[bool, str]:
     """Empty every place a call can leave state, then verify it is empty."""
     kill_everything()
     reap_all()
-    for directory in SCRATCH_DIRS:
-        empty_directory(directory)
-    empty_directory(MQUEUE_DIR)
     problems = []
-    if os.path.isdir(SYSVIPC_DIR):
-        remove_sysv_ipc()
-    else:
-        problems.extend(sweep_sysv_ipc_by_id())
+    with acting_as(Users.sandbox, Users.agent):  # the owner of everything a call leaves behind
+        for directory in SCRATCH_DIRS:
+            empty_directory(directory)
+        empty_directory(MQUEUE_DIR)
+        if os.path.isdir(SYSVIPC_DIR):
+            remove_sysv_ipc()
+        else:
+            problems.extend(sweep_sysv_ipc_by_id())
     leftover = other_processes()
     if leftover:
         problems.append(f"processes left: {leftover[:5]}")
@@ -671,11 +866,70 @@ def remove_sysv_ipc() -> None:
 # -- main loop ------------------------------------------------------------------------
 
 
-def main(argv: list[str]) -> int:
+class Users:
+    """Who the agent is and who its calls are; set once by ``start``."""
+
+    agent = Identity("65533:65533")
+    sandbox = Identity("65534:65534")
+
+
+def parse_options(argv: list[str]) -> dict[str, str]:
+    """``--name value`` pairs; anything else is an error (the host wrote them)."""
+    options, rest = {}, argv[1:]
+    while rest:
+        if len(rest) < 2 or not rest[0].startswith("--"):
+            raise ValueError(f"bad agent arguments: {rest!r}")
+        options[rest[0][2:]] = rest[1]
+        rest = rest[2:]
+    return options
+
+
+def check_child_setup() -> None:
+    """Fork once, before anything is imported, to prove a child can drop and filter."""
+    err_r, err_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(err_r)
+        try:
+            become_sandbox(Users.sandbox)
+            install_syscall_filter()
+            os._exit(0)
+        except BaseException as exc:
+            os.write(err_w, f"{type(exc).__name__}: {exc}".encode(errors="replace"))
+            os._exit(71)
+    os.close(err_w)
+    with os.fdopen(err_r, "rb") as handle:
+        reason = handle.read(4096).decode(errors="replace")
+    _, status = os.waitpid(pid, 0)
+    if status != 0:
+        raise PermissionError(f"a call could not be made safe: {reason or status}")
+
+
+def start(argv: list[str]) -> list[str]:
+    """Everything that must hold before the agent reports ready; the modules to preload."""
+    options = parse_options(argv)
+    agent_user = Identity(options.pop("agent-user", "65533:65533"))
+    sandbox_user = Identity(options.pop("sandbox-user", "65534:65534"))
+    modules = [m for m in options.pop("preload", "").split(",") if m]
+    if options:
+        raise ValueError(f"unknown agent options: {sorted(options)}")
+    if agent_user.uid == sandbox_user.uid:
+        raise ValueError("the agent and the calls need different uids")
+    Users.agent, Users.sandbox = agent_user, sandbox_user
+    if os.uname().machine not in AUDIT_ARCH:
+        raise OSError(f"no syscall filter for {os.uname().machine}")
+    become_agent(Users.agent)
     harden_self()
-    modules = []
-    if len(argv) > 2 and argv[1] == "--preload":
-        modules = [m for m in argv[2].split(",") if m]
+    check_child_setup()
+    return modules
+
+
+def main(argv: list[str]) -> int:
+    try:
+        modules = start(argv)
+    except Exception as exc:
+        write_frame(1, {"type": "fatal", "reason": f"{type(exc).__name__}: {exc}"})
+        return 70
     loaded, failed = preload(modules)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)

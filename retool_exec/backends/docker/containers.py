@@ -153,6 +153,8 @@ class ContainerFactory:
             reader, writer = await asyncio.open_connection(sock=raw_socket)
             channel = AgentChannel(reader, writer)
             ready = await asyncio.wait_for(channel.receive(), self.config.start_timeout)
+            if ready.get("type") == "fatal":
+                raise ProtocolError(f"the agent refused to start: {ready.get('reason')}")
             if ready.get("type") != "ready":
                 raise ProtocolError(f"agent sent {ready.get('type')!r} instead of ready")
         except BaseException:

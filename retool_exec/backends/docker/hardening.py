@@ -15,8 +15,11 @@ from typing import Any
 from retool_exec.backends.config import DockerConfig
 
 __all__ = [
+    "AGENT_CAPABILITIES",
     "AGENT_PATH",
+    "AGENT_USER",
     "BASE_ENV",
+    "CONTAINER_USER",
     "SANDBOX_HOSTNAME",
     "SANDBOX_USER",
     "ContainerSpec",
@@ -25,7 +28,14 @@ __all__ = [
 ]
 
 SANDBOX_USER = "65534:65534"
-"""nobody:nogroup: not root, owns nothing in the image."""
+"""nobody:nogroup, who runs every call: not root, owns nothing in the image."""
+AGENT_USER = "65533:65533"
+"""The agent's own uid: not the calls', so they can neither signal, trace nor read it."""
+CONTAINER_USER = "0:0"
+"""Only the agent's first instructions run as root: it drops to AGENT_USER at once."""
+AGENT_CAPABILITIES = ("KILL", "SETGID", "SETUID", "SETPCAP")
+"""All a container gets: the agent's to kill a call's processes and to make each
+child the sandbox user with an empty bounding set. Calls hold none of them."""
 SANDBOX_HOSTNAME = "sandbox"
 AGENT_PATH = "/opt/retool_exec/agent.py"
 ENTRYPOINT = ("/usr/bin/python3", "-I", "-B", AGENT_PATH)
@@ -44,6 +54,14 @@ BASE_ENV: Mapping[str, str] = {
 
 GVISOR_PIDS_HEADROOM = 1024
 """Host threads gVisor's sentry may need beyond the sandbox's own processes."""
+
+
+def agent_arguments(preload_modules: tuple[str, ...] | list[str]) -> list[str]:
+    """The agent's command line: who it becomes, who the calls become, what it imports."""
+    arguments = ["--agent-user", AGENT_USER, "--sandbox-user", SANDBOX_USER]
+    if preload_modules:
+        arguments += ["--preload", ",".join(preload_modules)]
+    return arguments
 
 
 def is_gvisor(runtime: str | None) -> bool:
@@ -88,6 +106,7 @@ def container_spec(config: DockerConfig, *, image: str, labels: Mapping[str, str
             {"Name": "core", "Soft": 0, "Hard": 0},
         ],
         "cap_drop": ["ALL"],
+        "cap_add": list(AGENT_CAPABILITIES),
         "security_opt": ["no-new-privileges"],
         "privileged": False,
         "ipc_mode": "private",
@@ -109,8 +128,8 @@ def container_spec(config: DockerConfig, *, image: str, labels: Mapping[str, str
     create: dict[str, Any] = {
         "image": image,
         "entrypoint": list(ENTRYPOINT),
-        "command": ["--preload", ",".join(modules)] if (modules := config.preload_modules) else [],
-        "user": SANDBOX_USER,
+        "command": agent_arguments(config.preload_modules),
+        "user": CONTAINER_USER,
         "hostname": SANDBOX_HOSTNAME,
         "working_dir": "/tmp",
         "environment": {**config.env, **BASE_ENV},

@@ -1,0 +1,91 @@
+"""The calls' seccomp program and the agent's identities, checked without Docker.
+
+The program is run by a small classic-BPF interpreter over every architecture
+and syscall number, so a wrong jump offset shows up here rather than as a
+syscall quietly allowed in a container.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from retool_exec.backends.docker import agent
+
+ALLOW, DENY = agent.SECCOMP_RET_ALLOW, agent.SECCOMP_RET_ERRNO | agent.ENOSYS
+
+
+def run_bpf(program: bytes, *, arch: int, nr: int) -> int:
+    """Evaluate a seccomp program over ``seccomp_data`` holding ``nr`` and ``arch``."""
+    data = struct.pack("=II", nr, arch) + bytes(56)
+    instructions = [struct.unpack("=HBBI", program[i : i + 8]) for i in range(0, len(program), 8)]
+    accumulator, pc = 0, 0
+    for _ in range(len(instructions)):
+        code, jt, jf, k = instructions[pc]
+        if code == 0x20:  # ld [k]
+            (accumulator,) = struct.unpack_from("=I", data, k)
+            pc += 1
+        elif code == 0x15:  # jeq k
+            pc += 1 + (jt if accumulator == k else jf)
+        elif code == 0x45:  # jset k
+            pc += 1 + (jt if accumulator & k else jf)
+        elif code == 0x06:  # ret k
+            return k
+        else:
+            raise AssertionError(f"unexpected BPF opcode {code:#x}")
+    raise AssertionError("the program ran off its end")
+
+
+@pytest.mark.parametrize("machine", sorted(agent.AUDIT_ARCH))
+def test_io_uring_and_mq_open_are_refused_with_enosys(machine: str) -> None:
+    program, arch = agent.syscall_filter(machine), agent.AUDIT_ARCH[machine]
+    for nr in agent.DENIED_SYSCALLS[machine]:
+        assert run_bpf(program, arch=arch, nr=nr) == DENY
+    assert run_bpf(program, arch=arch, nr=0) == ALLOW  # read / io_setup
+    assert run_bpf(program, arch=arch, nr=424) == ALLOW  # the neighbours of io_uring
+    assert run_bpf(program, arch=arch, nr=428) == ALLOW
+
+
+@given(
+    nr=st.integers(0, (1 << 32) - 1),
+    arch=st.sampled_from([*agent.AUDIT_ARCH.values(), 0x40000003, 0]),
+)
+def test_only_the_native_abi_and_allowed_numbers_pass(nr: int, arch: int) -> None:
+    program = agent.syscall_filter("x86_64")
+    expected_allow = (
+        arch == agent.AUDIT_ARCH["x86_64"]
+        and not nr & agent.X32_SYSCALL_BIT
+        and nr not in agent.DENIED_SYSCALLS["x86_64"]
+    )
+    assert run_bpf(program, arch=arch, nr=nr) == (ALLOW if expected_allow else DENY)
+
+
+def test_the_program_fits_seccomp_limits() -> None:
+    program = agent.syscall_filter("x86_64")
+    assert len(program) % 8 == 0 and len(program) // 8 < 4096
+
+
+def test_identities_must_be_non_root() -> None:
+    assert (agent.Identity("65533:65533").uid, agent.Identity("7").gid) == (65533, 7)
+    for bad in ("0:0", "1000:0", "nobody", ""):
+        with pytest.raises(ValueError):
+            agent.Identity(bad)
+
+
+def test_agent_options_are_exact() -> None:
+    options = agent.parse_options(["agent.py", "--agent-user", "1:1", "--preload", "numpy"])
+    assert options == {"agent-user": "1:1", "preload": "numpy"}
+    with pytest.raises(ValueError):
+        agent.parse_options(["agent.py", "--preload"])
+    with pytest.raises(ValueError):
+        agent.parse_options(["agent.py", "numpy"])
+
+
+def test_start_refuses_unknown_options_and_shared_uids() -> None:
+    with pytest.raises(ValueError, match="unknown"):
+        agent.start(["agent.py", "--bogus", "1"])
+    with pytest.raises(ValueError, match="different uids"):
+        agent.start(["agent.py", "--agent-user", "5:5", "--sandbox-user", "5:5"])
