@@ -20,31 +20,11 @@ from retool_exec.security import BACKEND_IDS, CORPUS, CaseReport, Expect, Status
 
 pytestmark = pytest.mark.security
 
-IO_URING = (
-    "known hole: Docker's default seccomp profile allowed io_uring until Engine 25 (this "
-    "host runs 20.10); hardening.py relies on the daemon's profile instead of its own"
-)
-GVISOR_AGENT = (
-    "known hole: under gVisor, PR_SET_DUMPABLE(0) does not protect the agent's /proc "
-    "entries, and PID 1 gets no init protection from SIGKILL/SIGSTOP; forged frames are "
-    "rejected (per-call nonce) but the call can still turn its own result into a "
-    "sandbox_error (agent.py needs a uid of its own)"
-)
-KNOWN_HOLES: dict[tuple[str, str], str] = {
-    ("docker-fresh", "priv-io-uring"): IO_URING,
-    ("docker-reuse", "priv-io-uring"): IO_URING,
-    ("docker-runsc", "proto-agent-descriptors"): GVISOR_AGENT,
-    ("docker-runsc", "proto-agent-memory"): GVISOR_AGENT,
-    ("docker-runsc", "proto-agent-environment"): GVISOR_AGENT,
-    ("docker-runsc", "proto-forge-next-result"): GVISOR_AGENT,
-    ("docker-runsc", "proto-agent-signals"): GVISOR_AGENT,
-    ("docker-runsc", "iso-posix-mqueue"): (
-        "known hole: gVisor mounts no /dev/mqueue, so the agent's reset removes no POSIX queue"
-    ),
-    ("docker-runsc", "res-tmp-inodes"): (
-        "known hole: gVisor's tmpfs ignores nr_inodes (only the memory limit bounds files)"
-    ),
-}
+# None open. (io_uring under Docker 20.10's seccomp profile, the agent's /proc
+# entries and signals under gVisor, POSIX queues and the inode cap under gVisor
+# were listed here until the agent got its own uid and the calls their own
+# seccomp layer; see docs/security.md.)
+KNOWN_HOLES: dict[tuple[str, str], str] = {}
 
 
 class CaseExposed(AssertionError):

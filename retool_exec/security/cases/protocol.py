@@ -51,12 +51,37 @@ def _local_package_writable() -> Expect:
     return Expect.EXPOSED if os.access(package, os.W_OK) else Expect.CONTAINED
 
 
+GVISOR_PROCFS = (
+    "gVisor's procfs (runsc 20221219) lets any uid list /proc/PID/fd and read maps and environ; "
+    "under gVisor the case checks that they give nothing the call does not already have"
+)
+
+
 def _agent_files_denied(obs: Observation) -> bool:
     facts = obs.facts()
+    opened = facts["opened"]
+    if obs.ctx.gvisor:
+        # Listing shows fd numbers; the links are opaque (host:[N]); opening is what matters.
+        paths = [link for link in facts["links"].values() if str(link).startswith("/")]
+        return bool(opened) and all_denied(opened.values()) and not paths
     denied_links = all(str(value).isupper() for value in facts["links"].values())  # errno names
-    return (
-        isinstance(facts["listed"], str) and denied_links and all_denied(facts["opened"].values())
-    )
+    return isinstance(facts["listed"], str) and denied_links and all_denied(opened.values())
+
+
+def _agent_memory_unreadable(obs: Observation) -> bool:
+    facts = obs.facts()
+    attempts = dict(facts["attempts"])
+    if obs.ctx.gvisor and facts["maps_new_files"] == 0:
+        attempts.pop("maps")  # the call is a fork of the agent: it already has this layout
+    return all_denied(attempts.values())
+
+
+def _agent_environment_contained(obs: Observation) -> bool:
+    facts = obs.facts()
+    attempts = dict(facts["attempts"])
+    if obs.ctx.gvisor and facts["environ_beyond_own"] == 0:
+        attempts.pop("environ")  # the agent holds exactly the call's own environment
+    return all_denied(attempts.values())
 
 
 def _nothing_left(obs: Observation) -> bool:
@@ -90,7 +115,8 @@ CASES: tuple[Case, ...] = (
         """),
         contained=_agent_files_denied,
         severity=Severity.CRITICAL,
-        reference="the agent's PR_SET_DUMPABLE(0); CVE-2024-21626 (leaked descriptors, runc)",
+        reference="the agent's own uid; CVE-2024-21626 (leaked descriptors, runc)",
+        note=GVISOR_PROCFS,
     ),
     Case(
         id="proto-agent-memory",
@@ -112,13 +138,24 @@ CASES: tuple[Case, ...] = (
                 # EFAULT means the permission check passed (only the address was wrong)
                 "process_vm_readv": "ok" if got >= 0 else last_error().replace("EFAULT", "ok"),
             }
-            report(attempts=attempts)
+
+            def mapped_files(path):
+                with open(path) as handle:
+                    return {line.split()[-1] for line in handle if line.split()[-1].startswith("/")}
+
+            new_files = None
+            if attempts["maps"] == "opened":  # which files it maps that this call does not
+                theirs = mapped_files(f"/proc/{AGENT}/maps")
+                new_files = sorted(theirs - mapped_files("/proc/self/maps"))
+            report(attempts=attempts, maps_new_files=None if new_files is None else len(new_files),
+                   first_new_files=(new_files or [])[:3])
         """),
-        contained=lambda obs: all_denied(obs.facts()["attempts"].values()),
+        contained=_agent_memory_unreadable,
         severity=Severity.CRITICAL,
-        reference="ptrace access mode checks (ptrace(2)); the agent's PR_SET_DUMPABLE(0)",
+        reference="ptrace access mode checks (ptrace(2)); the agent's own uid",
         catalogue=(11,),
         local=exposed_as_root,  # without root, Yama's ptrace_scope decides
+        note=GVISOR_PROCFS,
     ),
     Case(
         id="proto-agent-ptrace",
@@ -188,11 +225,17 @@ CASES: tuple[Case, ...] = (
                     attempts[name] = "ok"
                 except OSError as exc:
                     attempts[name] = why(exc)
-            report(attempts=attempts)
+            beyond_own = None
+            if attempts["environ"] == "opened":  # count only: never print another's environment
+                with open(f"/proc/{AGENT}/environ", "rb") as handle:
+                    theirs = {entry for entry in handle.read().split(b"\\0") if entry}
+                beyond_own = len(theirs - {f"{k}={v}".encode() for k, v in os.environ.items()})
+            report(attempts=attempts, environ_beyond_own=beyond_own)
         """),
-        contained=lambda obs: all_denied(obs.facts()["attempts"].values()),
+        contained=_agent_environment_contained,
         severity=Severity.HIGH,
-        reference="/proc/PID/root as an escape path (CVE-2019-5736 family); PR_SET_DUMPABLE",
+        reference="/proc/PID/root as an escape path (CVE-2019-5736 family); the agent's own uid",
+        note=GVISOR_PROCFS,
     ),
     Case(
         id="proto-agent-code",
