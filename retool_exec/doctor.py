@@ -83,7 +83,21 @@ PROBES: tuple[Probe, ...] = (
         "    for _ in range(10000):\n"
         "        threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
         "        n += 1\nexcept RuntimeError as e:\n    print('limited', n, flush=True)",
-        lambda r: r.stdout.startswith("limited ") and int(r.stdout.split()[1]) < 64,
+        lambda r: r.stdout.startswith("limited ") and int(r.stdout.split()[1]) <= 64,  # pids=64
+    ),
+    Probe(
+        "the agent is out of reach (own uid: no signal, no /proc/1/fd)",
+        "import os\nfor attempt in (lambda: os.kill(1, 0), lambda: os.listdir('/proc/1/fd/1')):\n"
+        "    try:\n        attempt()\n        print('reached')\n"
+        "    except OSError as e:\n        print(e.errno)",
+        lambda r: r.ok and "reached" not in r.stdout and r.stdout.split() != [],
+    ),
+    Probe(
+        "io_uring and POSIX message queues refused (the agent's seccomp layer)",
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "libc.syscall(425, 4, ctypes.create_string_buffer(120))\nprint(ctypes.get_errno())\n"
+        "libc.mq_open(b'/doctor', os.O_CREAT | os.O_RDWR, 0o600, None)\nprint(ctypes.get_errno())",
+        lambda r: r.stdout.split() == ["38", "38"],  # ENOSYS, ENOSYS
     ),
     Probe(
         "no Docker socket",
