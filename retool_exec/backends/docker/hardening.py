@@ -1,7 +1,9 @@
 """Limits in, container-create arguments out: every hardening decision in one pure function.
 
 Nothing reaches Docker except what this function writes, and it writes no
-bind, device, host namespace, privilege or Docker socket, ever. Unit-tested
+bind, device, host namespace, privileged mode or Docker socket, ever. The
+only capabilities it grants (AGENT_CAPABILITIES) are the agent's; every call
+drops them before user code runs. Unit-tested
 without Docker (tests/unit/test_hardening.py); docs/security.md gives the
 reason for each setting.
 """
