@@ -199,13 +199,14 @@ def _prctl(option: int, arg: int = 0) -> None:
         raise OSError(errno, f"prctl({option}, {arg}): {os.strerror(errno)}")
 
 
+def capability_mask(capabilities: tuple[int, ...]) -> int:
+    return sum(1 << capability for capability in capabilities)
+
+
 def set_capabilities(capabilities: tuple[int, ...]) -> None:
     """Make ``capabilities`` this process's permitted and effective set, exactly."""
-    mask = 0
-    for capability in capabilities:
-        mask |= 1 << capability
     data = (_CapData * 2)()
-    data[0].effective = data[0].permitted = mask
+    data[0].effective = data[0].permitted = capability_mask(capabilities)
     if _libc.capset(ctypes.byref(_CapHeader(_CAPABILITY_VERSION_3, 0)), data) != 0:
         errno = ctypes.get_errno()
         raise OSError(errno, f"capset: {os.strerror(errno)}")
@@ -234,21 +235,22 @@ def become_agent(agent: Identity) -> None:
     os.setresuid(agent.uid, agent.uid, agent.uid)
     _prctl(PR_SET_KEEPCAPS, 0)
     set_capabilities(AGENT_CAPABILITIES)
-    wanted = sum(1 << capability for capability in AGENT_CAPABILITIES)
-    sets = capability_sets()
+    sets, wanted = capability_sets(), capability_mask(AGENT_CAPABILITIES)
     if os.getresuid() != (agent.uid,) * 3 or sets.get("CapEff") != wanted:
         raise PermissionError(f"could not become the agent user: {os.getresuid()} {sets}")
 
 
-def become_sandbox(sandbox: Identity) -> None:
-    """In a child: become the sandbox uid with no capability at all, or fail."""
-    last = 63
+def last_capability() -> int:
     try:
         with open("/proc/sys/kernel/cap_last_cap") as handle:
-            last = int(handle.read())
+            return int(handle.read())
     except (OSError, ValueError):
-        pass
-    for capability in range(last + 1):
+        return 63  # PR_CAPBSET_DROP of an unknown one is EINVAL, which is ignored
+
+
+def become_sandbox(sandbox: Identity, last_cap: int) -> None:
+    """In a child: become the sandbox uid with no capability at all, or fail."""
+    for capability in range(last_cap + 1):
         if _libc.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0) != 0 and ctypes.get_errno() != 22:
             raise OSError(ctypes.get_errno(), f"PR_CAPBSET_DROP {capability}")  # EINVAL: unknown
     os.setgroups([])
@@ -322,13 +324,32 @@ def syscall_filter(machine: str) -> bytes:
     return b"".join(encoded)
 
 
-def install_syscall_filter() -> None:
-    program = ctypes.create_string_buffer(syscall_filter(os.uname().machine))
-    fprog = _SockFprog(len(program.raw) // 8, ctypes.addressof(program))
+def install_syscall_filter(program_bytes: bytes) -> None:
+    program = ctypes.create_string_buffer(program_bytes, len(program_bytes))
+    fprog = _SockFprog(len(program_bytes) // 8, ctypes.addressof(program))
     _prctl(PR_SET_NO_NEW_PRIVS, 1)
     if _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
         errno = ctypes.get_errno()
         raise OSError(errno, f"installing the seccomp filter: {os.strerror(errno)}")
+
+
+DEFAULT_AGENT_USER = "65533:65533"
+DEFAULT_SANDBOX_USER = "65534:65534"
+
+
+class Setup:
+    """Who the agent is, who its calls are, and their filter: decided once by ``start``."""
+
+    agent = Identity(DEFAULT_AGENT_USER)
+    sandbox = Identity(DEFAULT_SANDBOX_USER)
+    last_cap = 63
+    syscall_program = b""
+
+
+def make_call_safe() -> None:
+    """In a forked child, before anything of the call: its uid, no capability, the filter."""
+    become_sandbox(Setup.sandbox, Setup.last_cap)
+    install_syscall_filter(Setup.syscall_program)
 
 
 # Run once in the zygote after import, so lazily imported submodules and caches
@@ -429,8 +450,7 @@ def child_main(request_r: int, out_w: int, err_w: int, status_w: int) -> None:
     status = 70
     try:
         try:
-            become_sandbox(Users.sandbox)
-            install_syscall_filter()
+            make_call_safe()
         except BaseException as exc:
             os.write(err_w, f"sandbox setup failed: {exc}\n".encode(errors="replace"))
             status = 71
@@ -728,7 +748,7 @@ def reset_container() -> tuple[bool, str]:
     kill_everything()
     reap_all()
     problems = []
-    with acting_as(Users.sandbox, Users.agent):  # the owner of everything a call leaves behind
+    with acting_as(Setup.sandbox, Setup.agent):  # the owner of everything a call leaves behind
         for directory in SCRATCH_DIRS:
             empty_directory(directory)
         empty_directory(MQUEUE_DIR)
@@ -855,22 +875,10 @@ def sysv_ipc_ids() -> dict[str, list[int]]:
 def remove_sysv_ipc() -> None:
     for kind, ids in sysv_ipc_ids().items():
         for ipc_id in ids:
-            if kind == "shm":
-                _libc.shmctl(ipc_id, IPC_RMID, None)
-            elif kind == "msg":
-                _libc.msgctl(ipc_id, IPC_RMID, None)
-            else:
-                _libc.semctl(ipc_id, 0, IPC_RMID)
+            _ipc_remove(kind, ipc_id)
 
 
 # -- main loop ------------------------------------------------------------------------
-
-
-class Users:
-    """Who the agent is and who its calls are; set once by ``start``."""
-
-    agent = Identity("65533:65533")
-    sandbox = Identity("65534:65534")
 
 
 def parse_options(argv: list[str]) -> dict[str, str]:
@@ -891,8 +899,7 @@ def check_child_setup() -> None:
     if pid == 0:
         os.close(err_r)
         try:
-            become_sandbox(Users.sandbox)
-            install_syscall_filter()
+            make_call_safe()
             os._exit(0)
         except BaseException as exc:
             os.write(err_w, f"{type(exc).__name__}: {exc}".encode(errors="replace"))
@@ -908,17 +915,19 @@ def check_child_setup() -> None:
 def start(argv: list[str]) -> list[str]:
     """Everything that must hold before the agent reports ready; the modules to preload."""
     options = parse_options(argv)
-    agent_user = Identity(options.pop("agent-user", "65533:65533"))
-    sandbox_user = Identity(options.pop("sandbox-user", "65534:65534"))
+    agent_user = Identity(options.pop("agent-user", DEFAULT_AGENT_USER))
+    sandbox_user = Identity(options.pop("sandbox-user", DEFAULT_SANDBOX_USER))
     modules = [m for m in options.pop("preload", "").split(",") if m]
     if options:
         raise ValueError(f"unknown agent options: {sorted(options)}")
     if agent_user.uid == sandbox_user.uid:
         raise ValueError("the agent and the calls need different uids")
-    Users.agent, Users.sandbox = agent_user, sandbox_user
-    if os.uname().machine not in AUDIT_ARCH:
-        raise OSError(f"no syscall filter for {os.uname().machine}")
-    become_agent(Users.agent)
+    machine = os.uname().machine
+    if machine not in AUDIT_ARCH:
+        raise OSError(f"no syscall filter for {machine}")
+    Setup.agent, Setup.sandbox = agent_user, sandbox_user
+    Setup.last_cap, Setup.syscall_program = last_capability(), syscall_filter(machine)
+    become_agent(Setup.agent)
     harden_self()
     check_child_setup()
     return modules

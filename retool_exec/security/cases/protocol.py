@@ -12,6 +12,7 @@ it (tracing, signals) are not run there, and those about frames do not apply.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import retool_exec
@@ -68,20 +69,24 @@ def _agent_files_denied(obs: Observation) -> bool:
     return isinstance(facts["listed"], str) and denied_links and all_denied(opened.values())
 
 
-def _agent_memory_unreadable(obs: Observation) -> bool:
-    facts = obs.facts()
-    attempts = dict(facts["attempts"])
-    if obs.ctx.gvisor and facts["maps_new_files"] == 0:
-        attempts.pop("maps")  # the call is a fork of the agent: it already has this layout
-    return all_denied(attempts.values())
+def _denied_but_under_gvisor(attempt: str, disclosed: str) -> Callable[[Observation], bool]:
+    """Every attempt denied, except that under gVisor ``attempt`` may succeed if the
+    fact ``disclosed`` shows it gave nothing the call lacks (is 0)."""
+
+    def contained(obs: Observation) -> bool:
+        facts = obs.facts()
+        attempts = dict(facts["attempts"])
+        if obs.ctx.gvisor and facts[disclosed] == 0:
+            attempts.pop(attempt)
+        return all_denied(attempts.values())
+
+    return contained
 
 
-def _agent_environment_contained(obs: Observation) -> bool:
-    facts = obs.facts()
-    attempts = dict(facts["attempts"])
-    if obs.ctx.gvisor and facts["environ_beyond_own"] == 0:
-        attempts.pop("environ")  # the agent holds exactly the call's own environment
-    return all_denied(attempts.values())
+# The call is a fork of the agent: it already maps the same files at the same places.
+_agent_memory_unreadable = _denied_but_under_gvisor("maps", "maps_new_files")
+# The agent holds exactly the call's own (allowlisted) environment.
+_agent_environment_contained = _denied_but_under_gvisor("environ", "environ_beyond_own")
 
 
 def _nothing_left(obs: Observation) -> bool:
