@@ -49,7 +49,9 @@ class ExecResult(BaseModel):
     with defaults.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", ser_json_bytes="base64", val_json_bytes="base64"
+    )
 
     ok: bool
     """``not timed_out and returncode == 0``."""
@@ -75,6 +77,10 @@ class ExecResult(BaseModel):
     """Seconds of ``latency`` spent waiting for a slot or a warm container."""
     detail: str = ""
     """For sandbox failures and rejections: what went wrong, for the operator."""
+    files: dict[str, bytes] = Field(default_factory=dict)
+    """Files fetched from the working directory after the call (``fetch=``), by path."""
+    fetch_errors: dict[str, str] = Field(default_factory=dict)
+    """Paths asked for in ``fetch=`` that could not be read back, with the reason."""
 
     def __init__(self, *args: Any, **data: Any) -> None:
         # The seed builds results positionally; pydantic models take keywords only.

@@ -77,15 +77,28 @@ class Sandbox:
     # -- the seed's API ----------------------------------------------------
 
     def run_code(
-        self, code: str, *, timeout: float | None = None, memory_mb: int | None = None
+        self,
+        code: str,
+        *,
+        timeout: float | None = None,
+        memory_mb: int | None = None,
+        stdin: str | bytes | None = None,
+        files: Mapping[str, str | bytes] | None = None,
+        fetch: Iterable[str] = (),
     ) -> ExecResult:
         """Run ``code`` and wait for its result (from any thread).
 
         ``timeout`` overrides the sandbox's limit for this call only;
         ``memory_mb`` asks for a smaller memory cap where the backend supports one.
+        ``stdin`` is what the code reads from stdin; ``files`` are written into
+        its working directory first and ``fetch`` names files read back after
+        it ends (``ExecResult.files``). The backend handles all three outside
+        the code's process: nothing the code prints can change them.
         """
         submitted = time.perf_counter()
-        request_or_result = self._prepare(code, submitted, timeout, memory_mb)
+        request_or_result = self._prepare(
+            code, submitted, timeout, memory_mb, stdin=stdin, files=files, fetch=fetch
+        )
         if isinstance(request_or_result, ExecResult):
             return request_or_result
         portal = self._ensure_portal()
@@ -99,11 +112,20 @@ class Sandbox:
             raise
 
     async def arun_code(
-        self, code: str, *, timeout: float | None = None, memory_mb: int | None = None
+        self,
+        code: str,
+        *,
+        timeout: float | None = None,
+        memory_mb: int | None = None,
+        stdin: str | bytes | None = None,
+        files: Mapping[str, str | bytes] | None = None,
+        fetch: Iterable[str] = (),
     ) -> ExecResult:
         """Run ``code`` without blocking the caller's event loop (any loop, any thread)."""
         submitted = time.perf_counter()
-        request_or_result = self._prepare(code, submitted, timeout, memory_mb)
+        request_or_result = self._prepare(
+            code, submitted, timeout, memory_mb, stdin=stdin, files=files, fetch=fetch
+        )
         if isinstance(request_or_result, ExecResult):
             return request_or_result
         portal = self._ensure_portal()
@@ -203,10 +225,16 @@ class Sandbox:
         submitted: float,
         timeout: float | None = None,
         memory_mb: int | None = None,
+        *,
+        stdin: str | bytes | None = None,
+        files: Mapping[str, str | bytes] | None = None,
+        fetch: Iterable[str] = (),
     ) -> RunRequest | ExecResult:
         """Validate input in the caller's thread: a bad type raises, bad content is a result."""
         if not isinstance(code, str):
             raise TypeError(f"code must be str, not {type(code).__name__}")
+        if isinstance(fetch, str):
+            raise TypeError("fetch must be an iterable of paths, not one string")
         if timeout is not None and not 0 < timeout <= _MAX_TIMEOUT:
             raise ConfigError(f"timeout must be in (0, {_MAX_TIMEOUT:.0f}] seconds, got {timeout}")
         if memory_mb is not None and memory_mb < 1:
@@ -232,9 +260,17 @@ class Sandbox:
             return result
         if self.auto_print:
             code = add_auto_print(code)
-        return RunRequest(
-            code=code, timeout=self.timeout if timeout is None else timeout, memory_mb=memory_mb
-        )
+        try:
+            return RunRequest(
+                code=code,
+                timeout=self.timeout if timeout is None else timeout,
+                memory_mb=memory_mb,
+                stdin=_as_bytes(stdin) if stdin is not None else None,
+                files={path: _as_bytes(data) for path, data in (files or {}).items()},
+                fetch=tuple(fetch),
+            )
+        except ValueError as exc:
+            raise ConfigError(f"bad call input: {exc}") from exc
 
     def _ensure_portal(self) -> LoopThread:
         with self._lock:
@@ -295,6 +331,15 @@ class LocalPythonSandbox(Sandbox):
             LocalConfig(python=python, timeout=timeout), timeout=timeout, max_workers=max_workers
         )
         self.python = python
+
+
+def _as_bytes(data: object) -> bytes:
+    """Text is sent as UTF-8 (lone surrogates kept, as Python's own file I/O would)."""
+    if isinstance(data, str):
+        return data.encode("utf-8", "surrogateescape")
+    if isinstance(data, bytes | bytearray | memoryview):
+        return bytes(data)
+    raise TypeError(f"expected str or bytes, not {type(data).__name__}")
 
 
 _open_sandboxes: weakref.WeakSet[Sandbox] = weakref.WeakSet()

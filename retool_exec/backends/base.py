@@ -10,24 +10,48 @@ before a call can run (see ``retool_exec._errors``).
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import ClassVar, Self
 
 from retool_exec._models import ExecResult
+from retool_exec.backends.docker.agent import wire
 
 __all__ = ["Backend", "RunRequest"]
 
 
 @dataclass(frozen=True, slots=True)
 class RunRequest:
-    """One call: the code (already auto-printed if asked) and its limits."""
+    """One call: the code (already auto-printed if asked), its inputs and its limits.
+
+    ``stdin``, ``files`` and ``fetch`` are handled by the backend *outside* the
+    user's process (written before it starts, read after it ends), so nothing
+    the code prints can change them. Paths are relative to the call's working
+    directory and validated here (``wire.check_relative_path``): a bad one
+    raises ValueError before anything runs.
+    """
 
     code: str
     timeout: float
     """Wall-clock seconds; the CPU-time limit is ``int(timeout) + 5``."""
     memory_mb: int | None = None
     """Per-call memory cap where the backend supports one (clamped to its own)."""
+    stdin: bytes | None = None
+    """What the code reads from stdin (None: an empty stdin, as ``/dev/null``)."""
+    files: Mapping[str, bytes] = field(default_factory=dict)
+    """Files written into the working directory before the code starts."""
+    fetch: tuple[str, ...] = ()
+    """Files read back from the working directory after the code ends (``ExecResult.files``)."""
+
+    def __post_init__(self) -> None:
+        if self.stdin is not None:
+            if not isinstance(self.stdin, bytes):
+                raise TypeError(f"stdin must be bytes, not {type(self.stdin).__name__}")
+            if len(self.stdin) > wire.MAX_STDIN_BYTES:
+                raise ValueError(f"stdin of {len(self.stdin)} bytes; at most {wire.MAX_STDIN_BYTES}")
+        object.__setattr__(self, "files", wire.check_uploads(dict(self.files)))
+        object.__setattr__(self, "fetch", wire.check_fetch(tuple(self.fetch)))
 
     @property
     def cpu_seconds(self) -> int:

@@ -1,0 +1,244 @@
+"""The one typed boundary between the host and the in-container agent. Standard library only.
+
+Everything both sides must agree on is written here once: the frame codec,
+the message shapes, the size limits, the identities (uids) and capabilities,
+the paths inside the container, and the rules for the files a call may
+upload or fetch. The agent (inside the container) imports it as part of its
+zipapp; the host (``protocol.py``, ``hardening.py``, ``backend.py``, the
+other backends) imports it as ``retool_exec.backends.docker.agent.wire``.
+
+Frames: a 4-byte big-endian length, then that many bytes of ASCII JSON (an
+object with a string ``type``). Binary payloads (stdin, files) travel as
+base64 strings.
+
+    host  -> agent  RunFrame       one call
+    agent -> host   ReadyFrame     once, at start (or FatalFrame, then exit)
+    agent -> host   ResultFrame    the call's result, carrying the call's nonce
+    agent -> host   ResetFrame     after a reset, if the RunFrame asked for one
+    host  -> agent  {"type": "ping"}  ->  {"type": "pong"}
+
+Only the agent's supervisor (PID 1) ever writes to the attach stream, and no
+process a call can reach ever holds a nonce, so a frame carrying the current
+nonce is the agent's.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+from typing import Any, TypedDict
+
+# -- frames ----------------------------------------------------------------------
+
+MAX_FRAME = 64 * 1024 * 1024
+"""Largest frame either side accepts (the call's code, files and output fit in it)."""
+FRAME_HEADER = struct.Struct(">I")
+
+
+class WireError(ValueError):
+    """A frame that breaks the protocol: too large, not JSON, not a typed object."""
+
+
+def encode_frame(message: dict[str, Any]) -> bytes:
+    """A length-prefixed ASCII JSON frame (lone surrogates survive as escapes)."""
+    payload = json.dumps(message, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+    if len(payload) > MAX_FRAME:
+        raise WireError(f"frame of {len(payload)} bytes exceeds {MAX_FRAME}")
+    return FRAME_HEADER.pack(len(payload)) + payload
+
+
+def decode_payload(payload: bytes) -> dict[str, Any]:
+    """The message in one frame's payload, checked to be a typed JSON object."""
+    try:
+        message = json.loads(payload)
+    except ValueError as exc:
+        raise WireError(f"frame is not JSON: {exc}") from exc
+    if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+        raise WireError("frame is not a typed JSON object")
+    return message
+
+
+class FrameDecoder:
+    """Incremental decoder: feed bytes, get whole messages back."""
+
+    def __init__(self, max_frame: int = MAX_FRAME) -> None:
+        self._buf = bytearray()
+        self._max = max_frame
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        self._buf += data
+        messages = []
+        while len(self._buf) >= FRAME_HEADER.size:
+            (size,) = FRAME_HEADER.unpack_from(self._buf)
+            if size > self._max:
+                raise WireError(f"frame of {size} bytes exceeds {self._max}")
+            end = FRAME_HEADER.size + size
+            if len(self._buf) < end:
+                break
+            messages.append(decode_payload(bytes(self._buf[FRAME_HEADER.size : end])))
+            del self._buf[:end]
+        return messages
+
+
+def b64encode(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def b64decode(text: object) -> bytes:
+    if not isinstance(text, str):
+        raise WireError(f"expected a base64 string, got {type(text).__name__}")
+    try:
+        return base64.b64decode(text.encode("ascii"), validate=True)
+    except (ValueError, UnicodeEncodeError) as exc:
+        raise WireError(f"bad base64 payload: {exc}") from exc
+
+
+# -- messages ----------------------------------------------------------------------
+
+
+class RunFrame(TypedDict, total=False):
+    type: str  # "run"
+    id: int
+    nonce: str
+    code: str
+    timeout: float
+    cpu_seconds: int
+    memory_mb: int
+    read_cap: int
+    reset: bool
+    stdin: str | None  # base64
+    files: list[list[str]]  # [[path, base64 content], ...]
+    fetch: list[str]
+    fetch_cap: int
+
+
+class ResultFrame(TypedDict, total=False):
+    type: str  # "result"
+    id: int
+    nonce: str
+    returncode: int | None
+    timed_out: bool
+    oom: bool
+    stdout: str
+    stdout_dropped: int
+    stderr: str
+    stderr_dropped: int
+    duration: float
+    setup_error: str  # files could not be written: the code never ran
+    files: dict[str, str]  # path -> base64 content, for each fetched file found
+    fetch_errors: dict[str, str]  # path -> why it was not fetched
+
+
+class ResetFrame(TypedDict, total=False):
+    type: str  # "reset"
+    id: int
+    nonce: str
+    clean: bool
+    reason: str
+
+
+# -- identities and capabilities ---------------------------------------------------
+
+CONTAINER_USER = "0:0"
+"""Only the supervisor's first instructions run as root: it drops at once."""
+AGENT_USER = "65533:65533"
+"""The supervisor's uid (PID 1): holds call data, so no call's uid may reach it."""
+ZYGOTE_USER = "65532:65532"
+"""The zygote's uid: it forks the calls and never sees their data."""
+DEFAULT_SANDBOX_USER = "65534:65534"
+"""nobody: the calls' uid when the host does not allocate one per container."""
+SANDBOX_UID_RANGE = (200_000, 999_999)
+"""Per-container call uids are drawn from here, so no two live containers on a
+host share one, and per-uid kernel limits (inotify, pending signals, pipe
+pages, message queues, RLIMIT_NPROC) are never shared between containers."""
+
+CAP_SETGID, CAP_SETUID, CAP_SETPCAP = 6, 7, 8
+CAPABILITY_NAMES = {CAP_SETGID: "SETGID", CAP_SETUID: "SETUID", CAP_SETPCAP: "SETPCAP"}
+SUPERVISOR_CAPABILITIES = (CAP_SETGID, CAP_SETUID)
+"""Act as the calls' uid (to kill their processes and empty what they left)."""
+ZYGOTE_CAPABILITIES = (CAP_SETGID, CAP_SETUID, CAP_SETPCAP)
+"""Make each child the calls' uid with an empty bounding set."""
+CONTAINER_CAPABILITIES = tuple(
+    CAPABILITY_NAMES[c] for c in sorted(set(SUPERVISOR_CAPABILITIES) | set(ZYGOTE_CAPABILITIES))
+)
+"""All a container is given (Docker's ``cap_add``, after ``cap_drop ALL``). No CAP_KILL:
+the supervisor kills a call's processes as their own uid, which spares the zygote."""
+
+# -- paths inside the container -------------------------------------------------------
+
+AGENT_DIR = "/opt/retool_exec"
+AGENT_PATH = f"{AGENT_DIR}/agent.pyz"
+"""The agent zipapp in the image (run with ``python3 -I -B``)."""
+WORKDIR = "/tmp"
+"""Every call's working directory; uploaded files land here, fetched ones are read here."""
+SCRATCH_DIRS = ("/tmp", "/dev/shm")
+"""Writable places a call can leave data in (both tmpfs, emptied and checked by the reset)."""
+MQUEUE_DIR = "/dev/mqueue"
+PTY_MASTER = "/dev/pts/ptmx"
+
+# -- request limits -------------------------------------------------------------------
+
+MAX_FILES = 1000
+"""Files one call may upload, and paths it may fetch."""
+MAX_PATH_CHARS = 1024
+MAX_UPLOAD_BYTES = 32 * 1024 * 1024
+"""Total bytes one call may upload (they travel base64 inside one frame)."""
+MAX_FETCH_BYTES = 32 * 1024 * 1024
+"""Default total bytes one call may fetch back."""
+MAX_STDIN_BYTES = 16 * 1024 * 1024
+
+
+def check_relative_path(path: object) -> str:
+    """``path`` as a normalised relative POSIX path inside the working directory, or ValueError.
+
+    Refused: non-strings, empty paths, absolute paths, ``..`` components, NUL
+    and other control characters, and over-long paths. ``.`` components and
+    repeated slashes are dropped.
+    """
+    if not isinstance(path, str):
+        raise ValueError(f"a file path must be a string, not {type(path).__name__}")
+    if len(path) > MAX_PATH_CHARS:
+        raise ValueError(f"file path longer than {MAX_PATH_CHARS} characters")
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in path):
+        raise ValueError(f"file path {path!r} contains a control character")
+    if path.startswith("/"):
+        raise ValueError(f"file path {path!r} is absolute; give it relative to the working dir")
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    if not parts:
+        raise ValueError(f"file path {path!r} names no file")
+    if ".." in parts:
+        raise ValueError(f"file path {path!r} leaves the working directory")
+    if any(len(part.encode("utf-8", "surrogateescape")) > 255 for part in parts):
+        raise ValueError(f"file path {path!r} has a component longer than 255 bytes")
+    return "/".join(parts)
+
+
+def check_uploads(files: dict[str, bytes]) -> dict[str, bytes]:
+    """Validated uploads (normalised paths), or ValueError naming what is wrong."""
+    if len(files) > MAX_FILES:
+        raise ValueError(f"{len(files)} files uploaded; at most {MAX_FILES}")
+    checked: dict[str, bytes] = {}
+    total = 0
+    for raw_path, content in files.items():
+        path = check_relative_path(raw_path)
+        if not isinstance(content, bytes | bytearray | memoryview):
+            raise ValueError(f"content of {path!r} must be bytes, not {type(content).__name__}")
+        if path in checked:
+            raise ValueError(f"file {path!r} is given twice")
+        checked[path] = bytes(content)
+        total += len(content)
+    if total > MAX_UPLOAD_BYTES:
+        raise ValueError(f"{total} bytes of files uploaded; at most {MAX_UPLOAD_BYTES}")
+    parents = {"/".join(p.split("/")[:i]) for p in checked for i in range(1, p.count("/") + 1)}
+    clash = parents & checked.keys()
+    if clash:
+        raise ValueError(f"{sorted(clash)[0]!r} is both a file and a directory")
+    return checked
+
+
+def check_fetch(paths: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """Validated, de-duplicated fetch paths in order, or ValueError."""
+    if len(paths) > MAX_FILES:
+        raise ValueError(f"{len(paths)} files to fetch; at most {MAX_FILES}")
+    return tuple(dict.fromkeys(check_relative_path(path) for path in paths))
