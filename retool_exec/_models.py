@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["ExecResult", "Outcome", "classify_exit"]
+__all__ = ["CellResult", "ExecResult", "Outcome", "classify_exit"]
 
 
 class Outcome(enum.StrEnum):
@@ -39,6 +39,33 @@ class Outcome(enum.StrEnum):
     """The sandbox itself failed; the code's own behaviour is unknown."""
     REJECTED = "rejected"
     """The code was refused before running (for example: too large)."""
+
+
+class CellResult(BaseModel):
+    """One notebook cell's share of a call run with ``cells=`` (see ``RunRequest.cells``).
+
+    Its streams are captured by the backend apart from every other cell's, so
+    one cell cannot write another's output. ``display`` and ``error`` are what
+    the interpreter reported for this cell; a cell shares its interpreter with
+    the cells after it (as in Jupyter), so earlier cells can change how later
+    ones behave, but not which cells ran: ``finished`` is the backend's own
+    record that this cell's turn ended and the next one was handed over.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    stdout: str = ""
+    stderr: str = ""
+    stdout_dropped_chars: int = Field(default=0, ge=0)
+    stderr_dropped_chars: int = Field(default=0, ge=0)
+    display: list[dict[str, str]] = Field(default_factory=list)
+    """The value of a final expression, as ``{"text/plain": repr(value)}`` (a kernel's execute_result)."""
+    error: list[dict[str, Any]] = Field(default_factory=list)
+    """An uncaught exception: ``{"ename", "evalue", "traceback": [lines]}``."""
+    finished: bool = False
+    """The cell ran to its end (False: the process died, exited or timed out in it)."""
+    timed_out: bool = False
+    """The cell's own time limit passed (it was interrupted, or the process was killed)."""
 
 
 class ExecResult(BaseModel):
@@ -81,6 +108,8 @@ class ExecResult(BaseModel):
     """Files fetched from the working directory after the call (``fetch=``), by path."""
     fetch_errors: dict[str, str] = Field(default_factory=dict)
     """Paths asked for in ``fetch=`` that could not be read back, with the reason."""
+    cells: list[CellResult] = Field(default_factory=list)
+    """For a call run with ``cells=``: one entry per cell that started, in order."""
 
     def __init__(self, *args: Any, **data: Any) -> None:
         # The seed builds results positionally; pydantic models take keywords only.

@@ -43,6 +43,15 @@ class RunRequest:
     """Files written into the working directory before the code starts."""
     fetch: tuple[str, ...] = ()
     """Files read back from the working directory after the code ends (``ExecResult.files``)."""
+    cells: tuple[str, ...] = ()
+    """Notebook mode: run these cells in order in one interpreter (``code`` must be empty).
+
+    Each cell's output is captured apart (``ExecResult.cells``); an exception
+    ends only its cell; the process exiting or being killed ends the call, and
+    the cells after it are not run. ``timeout`` bounds the whole notebook."""
+    cell_timeout: float | None = None
+    """Notebook mode: seconds per cell; past it the cell is interrupted (KeyboardInterrupt),
+    and if it does not stop within a second the process is killed."""
 
     def __post_init__(self) -> None:
         if self.stdin is not None:
@@ -50,6 +59,9 @@ class RunRequest:
                 raise TypeError(f"stdin must be bytes, not {type(self.stdin).__name__}")
             if len(self.stdin) > wire.MAX_STDIN_BYTES:
                 raise ValueError(f"stdin of {len(self.stdin)} bytes; at most {wire.MAX_STDIN_BYTES}")
+        if self.cells and self.code:
+            raise ValueError("give either code or cells, not both")
+        object.__setattr__(self, "cells", tuple(self.cells))
         object.__setattr__(self, "files", wire.check_uploads(dict(self.files)))
         object.__setattr__(self, "fetch", wire.check_fetch(tuple(self.fetch)))
 
