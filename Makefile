@@ -3,7 +3,6 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-DOCKER_UP ?= ../shared/ci/docker-up
 
 .PHONY: setup docker-up image demo test test-fast lint typecheck format bench clean
 
@@ -15,10 +14,10 @@ $(BIN)/retool-exec: pyproject.toml
 
 setup: $(BIN)/retool-exec
 
+# Docker + gVisor up: nothing to do if a daemon answers, else (as root) install
+# Debian's docker.io and runsc and start dockerd.
 docker-up:
-	@if docker info >/dev/null 2>&1; then echo "docker: daemon reachable"; \
-	elif [ -x "$(DOCKER_UP)" ] || [ -f "$(DOCKER_UP)" ]; then bash "$(DOCKER_UP)"; \
-	else bash images/docker-up.sh; fi
+	@bash images/docker-up.sh
 
 image: setup docker-up
 	$(BIN)/retool-exec image build --install-tools
