@@ -59,7 +59,7 @@ class CellResult(BaseModel):
     stdout_dropped_chars: int = Field(default=0, ge=0)
     stderr_dropped_chars: int = Field(default=0, ge=0)
     display: list[dict[str, str]] = Field(default_factory=list)
-    """The value of a final expression, as ``{"text/plain": repr(value)}`` (a kernel's execute_result)."""
+    """A final expression's value as ``{"text/plain": repr(value)}`` (a kernel's execute_result)."""
     error: list[dict[str, Any]] = Field(default_factory=list)
     """An uncaught exception: ``{"ename", "evalue", "traceback": [lines]}``."""
     finished: bool = False

@@ -58,7 +58,9 @@ class RunRequest:
             if not isinstance(self.stdin, bytes):
                 raise TypeError(f"stdin must be bytes, not {type(self.stdin).__name__}")
             if len(self.stdin) > wire.MAX_STDIN_BYTES:
-                raise ValueError(f"stdin of {len(self.stdin)} bytes; at most {wire.MAX_STDIN_BYTES}")
+                raise ValueError(
+                    f"stdin of {len(self.stdin)} bytes; at most {wire.MAX_STDIN_BYTES}"
+                )
         if self.cells and self.code:
             raise ValueError("give either code or cells, not both")
         object.__setattr__(self, "cells", tuple(self.cells))

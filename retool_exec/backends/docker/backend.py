@@ -20,10 +20,11 @@ import docker
 import docker.errors
 
 from retool_exec._errors import BackendUnavailableError, ImageError
-from retool_exec._models import ExecResult, Outcome, classify_exit
+from retool_exec._models import CellResult, ExecResult, Outcome, classify_exit
 from retool_exec._output import finish_stream, read_cap_bytes
 from retool_exec.backends.base import Backend, RunRequest
 from retool_exec.backends.config import DockerConfig
+from retool_exec.backends.docker.agent import wire
 from retool_exec.backends.docker.client import connect, retry_docker
 from retool_exec.backends.docker.containers import (
     ContainerFactory,
@@ -151,7 +152,10 @@ class DockerBackend(Backend):
             pool.track(self._await_reset(container))
         else:
             pool.retire(container)
-        return self._result(reply, started, waited)
+        try:
+            return self._result(reply, started, waited)
+        except (ProtocolError, ValueError) as exc:
+            return self._failure(started, f"the agent's result was malformed: {exc}", waited)
 
     async def _call(self, container: SandboxContainer, request: RunRequest) -> dict[str, Any]:
         container.next_id += 1
@@ -169,6 +173,16 @@ class DockerBackend(Backend):
         }
         if request.memory_mb is not None:
             frame["memory_mb"] = min(request.memory_mb, self.config.memory_mb)
+        if request.stdin is not None:
+            frame["stdin"] = wire.b64encode(request.stdin)
+        if request.files:
+            frame["files"] = [[path, wire.b64encode(data)] for path, data in request.files.items()]
+        if request.fetch:
+            frame["fetch"] = list(request.fetch)
+            frame["fetch_cap"] = wire.MAX_FETCH_BYTES
+        if request.cells:
+            frame["cells"] = list(request.cells)
+            frame["cell_timeout"] = request.cell_timeout
         deadline = time.monotonic() + request.timeout + self.config.host_grace
         await container.channel.send(frame)
         while True:
@@ -203,6 +217,19 @@ class DockerBackend(Backend):
         pool.release(container, clean=clean)
 
     def _result(self, reply: dict[str, Any], started: float, waited: float) -> ExecResult:
+        if reply.get("setup_error"):
+            return ExecResult(
+                ok=False,
+                stdout="",
+                stderr=f"Error: {reply['setup_error']}",
+                returncode=None,
+                timed_out=False,
+                latency=time.perf_counter() - started,
+                outcome=Outcome.REJECTED,
+                backend=self.name,
+                queue_wait=waited,
+                detail=str(reply["setup_error"]),
+            )
         limit = self.config.max_output_chars
         stdout, stdout_dropped = finish_stream(
             str(reply.get("stdout", "")), int(reply.get("stdout_dropped", 0)), limit
@@ -214,6 +241,12 @@ class DockerBackend(Backend):
         raw_code = reply.get("returncode")
         returncode = None if timed_out or raw_code is None else int(raw_code)
         outcome = classify_exit(returncode, timed_out=timed_out, oom=bool(reply.get("oom")))
+        try:
+            files = {
+                str(path): wire.b64decode(data) for path, data in (reply.get("files") or {}).items()
+            }
+        except wire.WireError as exc:
+            raise ProtocolError(f"bad fetched file from the agent: {exc}") from exc
         return ExecResult(
             ok=outcome is Outcome.SUCCESS,
             stdout=stdout,
@@ -226,6 +259,28 @@ class DockerBackend(Backend):
             stderr_dropped_chars=stderr_dropped,
             backend=self.name,
             queue_wait=waited,
+            files=files,
+            fetch_errors={str(k): str(v) for k, v in (reply.get("fetch_errors") or {}).items()},
+            cells=[self._cell(cell) for cell in reply.get("cells") or []],
+        )
+
+    def _cell(self, cell: dict[str, Any]) -> CellResult:
+        limit = self.config.max_output_chars
+        stdout, stdout_dropped = finish_stream(
+            str(cell.get("stdout", "")), int(cell.get("stdout_dropped", 0)), limit
+        )
+        stderr, stderr_dropped = finish_stream(
+            str(cell.get("stderr", "")), int(cell.get("stderr_dropped", 0)), limit
+        )
+        return CellResult(
+            stdout=stdout,
+            stderr=stderr,
+            stdout_dropped_chars=stdout_dropped,
+            stderr_dropped_chars=stderr_dropped,
+            display=cell.get("display") or [],
+            error=cell.get("error") or [],
+            finished=bool(cell.get("finished")),
+            timed_out=bool(cell.get("timed_out")),
         )
 
     def _container_oom(self, started: float, waited: float) -> ExecResult:

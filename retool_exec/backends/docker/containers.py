@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import socket
+import threading
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -21,8 +23,9 @@ import docker
 import docker.errors
 
 from retool_exec.backends.config import DockerConfig
+from retool_exec.backends.docker.agent import wire
 from retool_exec.backends.docker.client import retry_docker
-from retool_exec.backends.docker.hardening import container_spec
+from retool_exec.backends.docker.hardening import container_spec, with_sandbox_uid
 from retool_exec.backends.docker.protocol import AgentChannel, ProtocolError
 
 __all__ = [
@@ -43,6 +46,41 @@ LABEL_MANAGED = "org.retool_exec.managed"
 LABEL_OWNER = "org.retool_exec.owner"
 LABEL_POOL = "org.retool_exec.pool"
 LABEL_POLICY = "org.retool_exec.policy"
+LABEL_UID = "org.retool_exec.uid"
+"""The uid this container's calls run as: no other live container on the host uses it."""
+
+_claimed_uids: set[int] = set()
+_claimed_lock = threading.Lock()
+
+
+def allocate_sandbox_uid(client: docker.DockerClient) -> int:
+    """A calls' uid no live container on this host uses (nor one this process is creating).
+
+    Containers of other processes are seen through their ``LABEL_UID`` label;
+    two processes creating at the same instant are kept apart by drawing at
+    random from a range of 800,000 uids.
+    """
+    listed = retry_docker(
+        lambda: client.api.containers(all=True, filters={"label": f"{LABEL_MANAGED}=1"})
+    )
+    used = set()
+    for info in listed:
+        text = (info.get("Labels") or {}).get(LABEL_UID, "")
+        if text.isdigit():
+            used.add(int(text))
+    low, high = wire.SANDBOX_UID_RANGE
+    with _claimed_lock:
+        for _ in range(1000):
+            uid = low + secrets.randbelow(high - low + 1)
+            if uid not in used and uid not in _claimed_uids:
+                _claimed_uids.add(uid)
+                return uid
+    raise RuntimeError("no free sandbox uid")
+
+
+def release_sandbox_uid(uid: int | None) -> None:
+    with _claimed_lock:
+        _claimed_uids.discard(uid or -1)
 
 
 def _process_start_ticks(pid: int) -> str | None:
@@ -118,6 +156,7 @@ class SandboxContainer:
     id: str
     channel: AgentChannel
     ready: dict[str, Any]
+    sandbox_uid: int | None = None
     calls: int = 0
     next_id: int = 0
     nonce: str = ""
@@ -148,7 +187,12 @@ class ContainerFactory:
     async def create(self) -> SandboxContainer:
         """Create, attach, start, and wait for the agent's ready frame."""
         name = f"retool-exec-{self.pool_id}-{uuid.uuid4().hex[:8]}"
-        container_id, raw_socket = await self._blocking(lambda: self._create_sync(name))
+        uid = await self._blocking(lambda: allocate_sandbox_uid(self.client))
+        try:
+            container_id, raw_socket = await self._blocking(lambda: self._create_sync(name, uid))
+        except BaseException:
+            release_sandbox_uid(uid)
+            raise
         try:
             reader, writer = await asyncio.open_connection(sock=raw_socket)
             channel = AgentChannel(reader, writer)
@@ -157,20 +201,24 @@ class ContainerFactory:
                 raise ProtocolError(f"the agent refused to start: {ready.get('reason')}")
             if ready.get("type") != "ready":
                 raise ProtocolError(f"agent sent {ready.get('type')!r} instead of ready")
+            if ready.get("sandbox_uid") != uid:
+                raise ProtocolError(
+                    f"the agent runs calls as {ready.get('sandbox_uid')}, not {uid}"
+                )
         except BaseException:
             await self.destroy_id(container_id)
+            release_sandbox_uid(uid)
             raise
-        return SandboxContainer(id=container_id, channel=channel, ready=ready)
+        return SandboxContainer(id=container_id, channel=channel, ready=ready, sandbox_uid=uid)
 
-    def _create_sync(self, name: str) -> tuple[str, socket.socket]:
+    def _create_sync(self, name: str, uid: int) -> tuple[str, socket.socket]:
         api = self.client.api
-        host_config = api.create_host_config(**self._spec.host_config)
+        spec = with_sandbox_uid(self._spec, uid, LABEL_UID)
+        host_config = api.create_host_config(**spec.host_config)
 
         def create() -> str:
             try:
-                created = api.create_container(
-                    **self._spec.create, name=name, host_config=host_config
-                )
+                created = api.create_container(**spec.create, name=name, host_config=host_config)
                 return str(created["Id"])
             except docker.errors.APIError as exc:
                 if exc.status_code == 409:  # a retried create that had in fact succeeded
@@ -204,6 +252,7 @@ class ContainerFactory:
         """Kill and remove a container; never raises."""
         container.channel.close()
         await self.destroy_id(container.id)
+        release_sandbox_uid(container.sandbox_uid)
 
     async def destroy_id(self, container_id: str) -> None:
         with contextlib.suppress(Exception):

@@ -2,8 +2,8 @@
 
 Nothing reaches Docker except what this function writes, and it writes no
 bind, device, host namespace, privileged mode or Docker socket, ever. The
-only capabilities it grants (AGENT_CAPABILITIES) are the agent's; every call
-drops them before user code runs. Unit-tested
+only capabilities it grants (``wire.CONTAINER_CAPABILITIES``) are the agent's;
+every call drops them before user code runs. Unit-tested
 without Docker (tests/unit/test_hardening.py); docs/security.md gives the
 reason for each setting.
 """
@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from retool_exec.backends.config import DockerConfig
+from retool_exec.backends.docker.agent import wire
 
 __all__ = [
     "AGENT_CAPABILITIES",
@@ -27,19 +28,19 @@ __all__ = [
     "ContainerSpec",
     "container_spec",
     "is_gvisor",
+    "with_sandbox_uid",
 ]
 
-SANDBOX_USER = "65534:65534"
-"""nobody:nogroup, who runs every call: not root, owns nothing in the image."""
-AGENT_USER = "65533:65533"
-"""The agent's own uid: not the calls', so they can neither signal, trace nor read it."""
-CONTAINER_USER = "0:0"
-"""Only the agent's first instructions run as root: it drops to AGENT_USER at once."""
-AGENT_CAPABILITIES = ("KILL", "SETGID", "SETUID", "SETPCAP")
-"""All a container gets: the agent's to kill a call's processes and to make each
-child the sandbox user with an empty bounding set. Calls hold none of them."""
+SANDBOX_USER = wire.DEFAULT_SANDBOX_USER
+"""The calls' uid when none is allocated per container (nobody:nogroup)."""
+AGENT_USER = wire.AGENT_USER
+ZYGOTE_USER = wire.ZYGOTE_USER
+CONTAINER_USER = wire.CONTAINER_USER
+AGENT_CAPABILITIES = wire.CONTAINER_CAPABILITIES
+"""All a container gets: the supervisor's (act as the calls' uid) and the zygote's (make
+each child the calls' uid with an empty bounding set). Calls hold none of them."""
 SANDBOX_HOSTNAME = "sandbox"
-AGENT_PATH = "/opt/retool_exec/agent.py"
+AGENT_PATH = wire.AGENT_PATH
 ENTRYPOINT = ("/usr/bin/python3", "-I", "-B", AGENT_PATH)
 BASE_ENV: Mapping[str, str] = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -58,9 +59,15 @@ GVISOR_PIDS_HEADROOM = 1024
 """Host threads gVisor's sentry may need beyond the sandbox's own processes."""
 
 
-def agent_arguments(preload_modules: tuple[str, ...] | list[str]) -> list[str]:
+def agent_arguments(
+    preload_modules: tuple[str, ...] | list[str], sandbox_user: str = SANDBOX_USER
+) -> list[str]:
     """The agent's command line: who it becomes, who the calls become, what it imports."""
-    arguments = ["--agent-user", AGENT_USER, "--sandbox-user", SANDBOX_USER]
+    arguments = [
+        "--agent-user", AGENT_USER,
+        "--zygote-user", ZYGOTE_USER,
+        "--sandbox-user", sandbox_user,
+    ]  # fmt: skip
     if preload_modules:
         arguments += ["--preload", ",".join(preload_modules)]
     return arguments
@@ -114,7 +121,7 @@ def container_spec(config: DockerConfig, *, image: str, labels: Mapping[str, str
         "ipc_mode": "private",
         "shm_size": config.shm_mb * mib,
         "log_config": {"Type": "none", "Config": {}},
-        "init": False,  # the agent is PID 1: it reaps, and unlike docker-init it is undumpable
+        "init": False,  # the supervisor is PID 1: it reaps, and unlike docker-init is undumpable
         "oom_kill_disable": False,
         "auto_remove": False,
     }
@@ -141,3 +148,22 @@ def container_spec(config: DockerConfig, *, image: str, labels: Mapping[str, str
         "network_disabled": True,
     }
     return ContainerSpec(create=create, host_config=host_config)
+
+
+def with_sandbox_uid(spec: ContainerSpec, uid: int, label: str) -> ContainerSpec:
+    """``spec`` for one container whose calls run as ``uid`` (recorded in ``label``).
+
+    The uid is allocated per container (``wire.SANDBOX_UID_RANGE``), so per-uid
+    kernel limits are never shared between two live containers on a host.
+    """
+    low, high = wire.SANDBOX_UID_RANGE
+    if not low <= uid <= high:
+        raise ValueError(f"sandbox uid {uid} is outside {low}..{high}")
+    command = list(spec.create["command"])
+    command[command.index("--sandbox-user") + 1] = f"{uid}:{uid}"
+    create = {
+        **spec.create,
+        "command": command,
+        "labels": {**spec.create["labels"], label: str(uid)},
+    }
+    return ContainerSpec(create=create, host_config=spec.host_config)

@@ -5,14 +5,15 @@ on, and many training clusters are air-gapped too; a Debian mirror (or a local
 copy of one) is all they have. So the image is not pulled ``FROM`` anything:
 ``image_files/build-rootfs.sh`` runs ``mmdebstrap --variant=essential`` to
 build a root filesystem from Debian's packages (python3 and the math stack:
-numpy, scipy, sympy, mpmath), installs the agent as
-``/opt/retool_exec/agent.py``, strips every setuid/setgid bit, and writes a
+numpy, scipy, sympy, mpmath), installs the agent (the stdlib-only package
+``backends/docker/agent/``, packed as one zipapp) as
+``/opt/retool_exec/agent.pyz``, strips every setuid/setgid bit, and writes a
 tarball, which ``docker import`` (the API's ``/images/create?fromSrc=-``)
 turns into an image with the sandbox's user, working directory, environment
 and entry point. Takes about a minute; the image is about 270 MB.
 
 The tag is content-addressed: ``retool-exec-sandbox:<16 hex>`` is a sha256
-over the package list, the build script, the agent's source and the image
+over the package list, the build script, every member of the agent zipapp and the image
 configuration, so an unchanged image is found and not rebuilt, and a changed
 agent can never run under an old tag.
 
@@ -47,6 +48,7 @@ import docker.models.images
 import requests.exceptions
 
 from retool_exec._errors import ImageError
+from retool_exec.backends.docker.agent import wire
 
 __all__ = [
     "AGENT_PATH_IN_IMAGE",
@@ -57,7 +59,8 @@ __all__ = [
     "TAG_LABEL",
     "ImageBuildError",
     "ImageInfo",
-    "agent_source_path",
+    "agent_source_paths",
+    "agent_zipapp",
     "build_image",
     "ensure_image",
     "image_files_dir",
@@ -70,8 +73,8 @@ IMAGE_LABEL = "org.retool_exec.image"
 """Label (value ``1``) on every image this module builds; ``list_images`` filters on it."""
 TAG_LABEL = "org.retool_exec.tag"
 """Label holding the content hash (the tag without the repository)."""
-AGENT_PATH_IN_IMAGE = "/opt/retool_exec/agent.py"
-SANDBOX_USER = "65534:65534"
+AGENT_PATH_IN_IMAGE = wire.AGENT_PATH
+SANDBOX_USER = wire.DEFAULT_SANDBOX_USER
 """nobody:nogroup, the image's default user."""
 ENTRYPOINT = ("/usr/bin/python3", "-I", "-B", AGENT_PATH_IN_IMAGE)
 """No ``-S``: numpy & co. live in dist-packages, which ``site`` puts on the path."""
@@ -116,9 +119,30 @@ def image_files_dir() -> Path:
     return _HERE / "image_files"
 
 
-def agent_source_path() -> Path:
-    """The in-container agent's source, copied into the image."""
-    return _HERE / "agent.py"
+_ZIPAPP_MAIN = b"import sys\nfrom agent.supervisor import main\nsys.exit(main(sys.argv))\n"
+"""The zipapp's entry: the agent package is ``agent`` inside it."""
+
+
+def agent_source_paths() -> list[Path]:
+    """The agent package's modules, in a stable order: each becomes a zipapp member."""
+    return sorted((_HERE / "agent").glob("*.py"))
+
+
+def agent_zipapp() -> bytes:
+    """The agent package as one zipapp, byte-for-byte reproducible (fixed times, sorted)."""
+    import io
+    import zipfile
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        members = [("__main__.py", _ZIPAPP_MAIN)]
+        members += [(f"agent/{path.name}", path.read_bytes()) for path in agent_source_paths()]
+        for name, data in members:
+            info = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
+            info.external_attr = 0o644 << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            archive.writestr(info, data)
+    return buffer.getvalue()
 
 
 def _input_paths() -> dict[str, Path]:
@@ -126,18 +150,21 @@ def _input_paths() -> dict[str, Path]:
     return {
         "packages.txt": files / "packages.txt",
         "build-rootfs.sh": files / "build-rootfs.sh",
-        "agent.py": agent_source_path(),
     }
 
 
 def _read_build_inputs() -> dict[str, bytes]:
-    """Name -> content of every file the image is built from."""
+    """Name -> content of every file the image is built from (the agent's members included)."""
     contents: dict[str, bytes] = {}
     for name, path in _input_paths().items():
         try:
             contents[name] = path.read_bytes()
         except OSError as exc:
             raise ImageBuildError(f"sandbox image input missing: {path}: {exc}") from exc
+    try:
+        contents["agent.pyz"] = agent_zipapp()
+    except OSError as exc:
+        raise ImageBuildError(f"cannot pack the agent: {exc}") from exc
     return contents
 
 
@@ -264,30 +291,85 @@ def build_image(
         if not force and (found := _find(client, tag)) is not None:
             say(f"image {tag} was built meanwhile by another process")
             return found
-        _ensure_mmdebstrap(install_tools=install_tools, say=say)
         started = time.monotonic()
-        with tempfile.TemporaryDirectory(prefix="retool-exec-image-") as tmp:
-            work = Path(tmp)
-            # mmdebstrap's unshare mode (non-root) reads these as another uid.
-            work.chmod(0o755)
-            staged = _stage_inputs(work, inputs)
-            tarball = work / "rootfs.tar"
-            say("building root filesystem with mmdebstrap...")
-            _run_build_script(staged, tarball, say)
-            say(
-                f"root filesystem built in {time.monotonic() - started:.0f} s "
-                f"({tarball.stat().st_size / 1e6:.0f} MB tarball)"
-            )
-            say(f"importing into Docker as {tag}...")
-            _import(client, tarball, tag)
+        base = _base_tag(inputs)
+        if force or _find(client, base) is None:
+            _build_base(client, base, inputs, install_tools=install_tools, say=say)
+        say(f"adding the agent to {base} as {tag}...")
+        _add_agent(client, base, tag, inputs["agent.pyz"])
         info = _find(client, tag)
         if info is None:
-            raise ImageBuildError(f"image {tag} is missing right after its import")
+            raise ImageBuildError(f"image {tag} is missing right after it was made")
         say(
             f"image {tag} ready in {time.monotonic() - started:.0f} s "
             f"({info.size_bytes / 1e6:.0f} MB)"
         )
         return dataclasses.replace(info, built=True)
+
+
+def _base_tag(inputs: Mapping[str, bytes]) -> str:
+    """The root filesystem's own tag: hashed over everything but the agent.
+
+    The agent changes far more often than the packages; a new agent is one
+    small layer on the same base (seconds), not a new mmdebstrap run (minutes).
+    """
+    rest = {name: data for name, data in inputs.items() if name != "agent.pyz"}
+    return f"{IMAGE_REPOSITORY}-base:{_content_hash(rest)[:16]}"
+
+
+def _build_base(
+    client: docker.DockerClient,
+    base: str,
+    inputs: Mapping[str, bytes],
+    *,
+    install_tools: bool,
+    say: Callable[[str], None],
+) -> None:
+    _ensure_mmdebstrap(install_tools=install_tools, say=say)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="retool-exec-image-") as tmp:
+        work = Path(tmp)
+        # mmdebstrap's unshare mode (non-root) reads these as another uid.
+        work.chmod(0o755)
+        staged = _stage_inputs(work, inputs)
+        tarball = work / "rootfs.tar"
+        say("building root filesystem with mmdebstrap...")
+        _run_build_script(staged, tarball, say)
+        say(
+            f"root filesystem built in {time.monotonic() - started:.0f} s "
+            f"({tarball.stat().st_size / 1e6:.0f} MB tarball)"
+        )
+        say(f"importing into Docker as {base}...")
+        _import(client, tarball, base)
+
+
+def _add_agent(client: docker.DockerClient, base: str, tag: str, zipapp: bytes) -> None:
+    """``base`` plus this agent, committed as ``tag`` (no builder, no registry)."""
+    import io
+    import tarfile
+
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        member = tarfile.TarInfo(Path(AGENT_PATH_IN_IMAGE).name)
+        member.size, member.mode, member.mtime = len(zipapp), 0o644, 0
+        tar.addfile(member, io.BytesIO(zipapp))
+    repository, _, tag_part = tag.partition(":")
+    changes = [*_config_changes(), f"LABEL {TAG_LABEL}={tag_part}"]
+    container_id = None
+    try:
+        container_id = client.api.create_container(base, command=["/bin/true"])["Id"]
+        if not client.api.put_archive(
+            container_id, str(Path(AGENT_PATH_IN_IMAGE).parent), archive.getvalue()
+        ):
+            raise ImageBuildError(f"could not copy the agent into {base}")
+        client.api.commit(container_id, repository=repository, tag=tag_part, changes=changes)
+    except _docker_errors() as exc:
+        raise ImageBuildError(f"could not add the agent to {base}: {exc}") from exc
+    finally:
+        if container_id is not None:
+            with contextlib.suppress(*_docker_errors()):
+                client.api.remove_container(container_id, force=True)
+    _check_config(client, tag)
 
 
 def _quiet(_line: str) -> None:
@@ -368,7 +450,7 @@ def _run_build_script(
         "bash",
         str(staged["build-rootfs.sh"]),
         str(tarball),
-        str(staged["agent.py"]),
+        str(staged["agent.pyz"]),
         str(staged["packages.txt"]),
     ]
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive", "LC_ALL": "C.UTF-8"}
@@ -435,6 +517,7 @@ def _run_build_script(
 def _import(client: docker.DockerClient, tarball: Path, tag: str) -> None:
     repository, _, tag_part = tag.partition(":")
     changes = [*_config_changes(), f"LABEL {TAG_LABEL}={tag_part}"]
+    changes = [c for c in changes if not c.startswith(f"LABEL {IMAGE_LABEL}=")]
     try:
         # src as a path: docker-py streams the file (no timeout on the upload).
         response = client.api.import_image(
@@ -449,10 +532,10 @@ def _import(client: docker.DockerClient, tarball: Path, tag: str) -> None:
             continue
         if isinstance(message, dict) and message.get("error"):
             raise ImageBuildError(f"docker import of {tag} failed: {message['error']}")
-    _check_config(client, tag)
+    _check_config(client, tag, listed=False)
 
 
-def _check_config(client: docker.DockerClient, tag: str) -> None:
+def _check_config(client: docker.DockerClient, tag: str, *, listed: bool = True) -> None:
     """The daemon applied every change (an old one might drop e.g. LABEL)."""
     try:
         config: dict[str, Any] = client.images.get(tag).attrs.get("Config") or {}
@@ -464,7 +547,10 @@ def _check_config(client: docker.DockerClient, tag: str) -> None:
         problems.append(f"User={config.get('User')!r}")
     if list(config.get("Entrypoint") or []) != list(ENTRYPOINT):
         problems.append(f"Entrypoint={config.get('Entrypoint')!r}")
-    if labels.get(IMAGE_LABEL) != "1" or labels.get(TAG_LABEL) != tag.partition(":")[2]:
+    if (
+        labels.get(IMAGE_LABEL) != ("1" if listed else None)
+        or labels.get(TAG_LABEL) != tag.partition(":")[2]
+    ):
         problems.append(f"Labels={labels!r}")
     if problems:
         with contextlib.suppress(*_docker_errors()):

@@ -9,18 +9,17 @@ length-prefixed JSON frames. ``AgentChannel`` puts them on asyncio streams.
 from __future__ import annotations
 
 import asyncio
-import json
 import struct
 from collections import deque
 from typing import Any
 
 from retool_exec._output import TailBuffer
+from retool_exec.backends.docker.agent import wire
 
 __all__ = ["AgentChannel", "FrameDecoder", "ProtocolError", "StreamDemuxer", "encode_frame"]
 
-MAX_FRAME = 64 * 1024 * 1024
+MAX_FRAME = wire.MAX_FRAME
 _DOCKER_HEADER = struct.Struct(">BxxxI")
-_FRAME_HEADER = struct.Struct(">I")
 STDOUT, STDERR = 1, 2
 
 
@@ -29,11 +28,11 @@ class ProtocolError(Exception):
 
 
 def encode_frame(message: dict[str, Any]) -> bytes:
-    """A length-prefixed JSON frame (ASCII JSON: lone surrogates survive as escapes)."""
-    payload = json.dumps(message, ensure_ascii=True, separators=(",", ":")).encode("ascii")
-    if len(payload) > MAX_FRAME:
-        raise ProtocolError(f"frame of {len(payload)} bytes exceeds {MAX_FRAME}")
-    return _FRAME_HEADER.pack(len(payload)) + payload
+    """A length-prefixed JSON frame (``wire.encode_frame``), as a ProtocolError when too large."""
+    try:
+        return wire.encode_frame(message)
+    except wire.WireError as exc:
+        raise ProtocolError(str(exc)) from exc
 
 
 class StreamDemuxer:
@@ -56,31 +55,16 @@ class StreamDemuxer:
 
 
 class FrameDecoder:
-    """Turns the agent's stdout bytes into JSON messages."""
+    """Turns the agent's stdout bytes into JSON messages (``wire.FrameDecoder``)."""
 
     def __init__(self, max_frame: int = MAX_FRAME) -> None:
-        self._buf = bytearray()
-        self._max = max_frame
+        self._decoder = wire.FrameDecoder(max_frame)
 
     def feed(self, data: bytes) -> list[dict[str, Any]]:
-        self._buf += data
-        messages = []
-        while len(self._buf) >= _FRAME_HEADER.size:
-            (size,) = _FRAME_HEADER.unpack_from(self._buf)
-            if size > self._max:
-                raise ProtocolError(f"agent frame of {size} bytes exceeds {self._max}")
-            end = _FRAME_HEADER.size + size
-            if len(self._buf) < end:
-                break
-            try:
-                message = json.loads(bytes(self._buf[_FRAME_HEADER.size : end]))
-            except ValueError as exc:
-                raise ProtocolError(f"agent frame is not JSON: {exc}") from exc
-            if not isinstance(message, dict) or not isinstance(message.get("type"), str):
-                raise ProtocolError("agent frame is not a typed JSON object")
-            messages.append(message)
-            del self._buf[:end]
-        return messages
+        try:
+            return self._decoder.feed(data)
+        except wire.WireError as exc:
+            raise ProtocolError(f"agent {exc}") from exc
 
 
 class AgentChannel:

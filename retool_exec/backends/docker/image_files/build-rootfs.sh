@@ -6,7 +6,7 @@
 # Usage: build-rootfs.sh OUT.tar AGENT.py [PACKAGES.txt]
 #
 #   OUT.tar       the tarball to write, for `docker import`
-#   AGENT.py      the in-container agent, installed as /opt/retool_exec/agent.py
+#   AGENT.pyz     the in-container agent (a zipapp), installed as /opt/retool_exec/agent.pyz
 #   PACKAGES.txt  packages to add to the Essential set, one a line, '#' comments
 #                 (default: packages.txt beside this script)
 #
@@ -47,7 +47,7 @@ customize() {
 
   # The agent: the only project code inside the image.
   install -d -m 0755 -o 0 -g 0 "$root/opt" "$root/opt/retool_exec"
-  install -m 0644 -o 0 -g 0 "$agent" "$root/opt/retool_exec/agent.py"
+  install -m 0644 -o 0 -g 0 "$agent" "$root/opt/retool_exec/agent.pyz"
 
   # No setuid/setgid program (su, newgrp, unix_chkpwd in the Essential set),
   # and no setgid directory either (/var/mail, /var/local), so that an audit
@@ -109,7 +109,7 @@ fi
 # ---------------------------------------------------------------------------
 # Build.
 if [ $# -lt 2 ] || [ $# -gt 3 ]; then
-  die "usage: $0 OUT.tar AGENT.py [PACKAGES.txt]"
+  die "usage: $0 OUT.tar AGENT.pyz [PACKAGES.txt]"
 fi
 self=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
 out=$1

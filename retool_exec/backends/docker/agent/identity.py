@@ -1,0 +1,234 @@
+"""Who each agent process is: uids, capabilities, and the calls' syscall filter.
+
+Three identities share a container (see ``wire``): the supervisor (PID 1,
+holds call data), the zygote (forks calls, holds none) and the calls. The
+container starts as root with only ``wire.CONTAINER_CAPABILITIES``; the
+supervisor and the zygote each keep just what they need, and each call's
+child drops to the calls' uid with no capability at all (bounding set
+included) and a seccomp filter on top of Docker's, before any call data
+reaches it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import struct
+
+from . import wire
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+PR_SET_DUMPABLE = 4
+PR_SET_KEEPCAPS = 8
+PR_SET_SECCOMP = 22
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+SECCOMP_MODE_FILTER = 2
+_CAPABILITY_VERSION_3 = 0x20080522
+EINVAL = 22
+
+UNIGNORABLE = {signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD}
+IGNORED_SIGNALS = tuple(sorted(set(signal.valid_signals()) - UNIGNORABLE))
+"""Every signal the agent's processes can ignore. Under runc PID 1 is shielded
+anyway, but gVisor gives no such shield, and the zygote is not PID 1."""
+
+
+class Identity:
+    """A non-root ``uid:gid``."""
+
+    def __init__(self, spec: str) -> None:
+        uid, _, gid = spec.partition(":")
+        self.uid, self.gid = int(uid), int(gid or uid)
+        if min(self.uid, self.gid) <= 0:
+            raise ValueError(f"identity {spec!r} must be a non-root uid:gid")
+
+    def __repr__(self) -> str:
+        return f"{self.uid}:{self.gid}"
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
+
+
+def prctl(option: int, arg: int = 0) -> None:
+    if _libc.prctl(option, arg, 0, 0, 0) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"prctl({option}, {arg}): {os.strerror(errno)}")
+
+
+def capability_mask(capabilities: tuple[int, ...]) -> int:
+    return sum(1 << capability for capability in capabilities)
+
+
+def set_capabilities(capabilities: tuple[int, ...]) -> None:
+    """Make ``capabilities`` this process's permitted and effective set, exactly."""
+    data = (_CapData * 2)()
+    data[0].effective = data[0].permitted = capability_mask(capabilities)
+    if _libc.capset(ctypes.byref(_CapHeader(_CAPABILITY_VERSION_3, 0)), data) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"capset: {os.strerror(errno)}")
+
+
+def capability_sets() -> dict[str, int]:
+    """CapPrm/CapEff/CapBnd/... of this process, as read back from /proc."""
+    sets = {}
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            key, _, value = line.partition(":")
+            if key.startswith("Cap"):
+                sets[key] = int(value.strip(), 16)
+    return sets
+
+
+def harden_self() -> None:
+    """Non-dumpable (no /proc/PID/mem, no ptrace for other uids) and deaf to signals."""
+    prctl(PR_SET_DUMPABLE, 0)
+    for signum in IGNORED_SIGNALS:
+        try:
+            signal.signal(signum, signal.SIG_IGN)
+        except (OSError, ValueError):
+            pass  # a runtime may refuse some (e.g. real-time signals it uses itself)
+
+
+def become(who: Identity, capabilities: tuple[int, ...]) -> None:
+    """From root, become ``who`` keeping exactly ``capabilities``; verified from /proc."""
+    if os.getuid() != 0:
+        raise PermissionError(f"the agent must start as root (it runs as uid {os.getuid()})")
+    prctl(PR_SET_KEEPCAPS, 1)
+    os.setgroups([])
+    os.setresgid(who.gid, who.gid, who.gid)
+    os.setresuid(who.uid, who.uid, who.uid)
+    prctl(PR_SET_KEEPCAPS, 0)
+    set_capabilities(capabilities)
+    sets, wanted = capability_sets(), capability_mask(capabilities)
+    if os.getresuid() != (who.uid,) * 3 or sets.get("CapEff") != wanted:
+        raise PermissionError(f"could not become {who}: {os.getresuid()} {sets}")
+
+
+def last_capability() -> int:
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as handle:
+            return int(handle.read())
+    except (OSError, ValueError):
+        return 63  # PR_CAPBSET_DROP of an unknown one is EINVAL, which is ignored
+
+
+def become_sandbox(sandbox: Identity, last_cap: int) -> None:
+    """In a child: become the calls' uid with no capability at all, or fail."""
+    for capability in range(last_cap + 1):
+        failed = _libc.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0) != 0
+        if failed and ctypes.get_errno() != EINVAL:  # EINVAL: a capability this kernel lacks
+            raise OSError(ctypes.get_errno(), f"PR_CAPBSET_DROP {capability}")
+    os.setgroups([])
+    os.setresgid(sandbox.gid, sandbox.gid, sandbox.gid)
+    os.setresuid(sandbox.uid, sandbox.uid, sandbox.uid)
+    _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)  # EINVAL where unsupported
+    set_capabilities(())
+    sets = capability_sets()
+    if os.getresuid() != (sandbox.uid,) * 3 or any(sets.get(k, 0) for k in ("CapPrm", "CapEff")):
+        raise PermissionError(f"could not become the sandbox user: {os.getresuid()} {sets}")
+
+
+class acting_as:
+    """Context manager: the supervisor's effective ids are ``who``'s for the block.
+
+    What a call leaves (files, queues, SysV objects, processes) belongs to the
+    calls' uid, which can remove or kill all of it, and nothing else: killing
+    with ``kill(-1)`` as that uid spares the zygote. The real and saved ids
+    stay the supervisor's, so no process of the calls' uid can signal it.
+    """
+
+    def __init__(self, who: Identity, back: Identity) -> None:
+        self.who, self.back = who, back
+
+    def __enter__(self) -> None:
+        os.setresgid(-1, self.who.gid, -1)
+        os.setresuid(-1, self.who.uid, -1)
+
+    def __exit__(self, *exc_info: object) -> None:
+        os.setresuid(-1, self.back.uid, -1)
+        os.setresgid(-1, self.back.gid, -1)
+
+
+# -- the calls' syscall filter ------------------------------------------------------
+
+AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+DENIED_SYSCALLS = {
+    # io_uring_setup, io_uring_enter, io_uring_register (one number on every arch), mq_open
+    "x86_64": (425, 426, 427, 240),
+    "aarch64": (425, 426, 427, 180),
+}
+X32_SYSCALL_BIT = 0x40000000
+SECCOMP_RET_ALLOW = 0x7FFF0000
+SECCOMP_RET_ERRNO = 0x00050000
+ENOSYS = 38
+_BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_JSET_K, _BPF_RET_K = 0x20, 0x15, 0x45, 0x06
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def syscall_filter(machine: str) -> bytes:
+    """The classic-BPF seccomp program for ``machine`` (see DENIED_SYSCALLS)."""
+    arch, denied = AUDIT_ARCH[machine], DENIED_SYSCALLS[machine]
+    # (code, jump-if-true, jump-if-false, k); "DENY" is resolved to the last instruction.
+    program: list[tuple[int, int | str, int | str, int]] = [
+        (_BPF_LD_W_ABS, 0, 0, 4),  # seccomp_data.arch
+        (_BPF_JEQ_K, 0, "DENY", arch),
+        (_BPF_LD_W_ABS, 0, 0, 0),  # seccomp_data.nr
+        (_BPF_JSET_K, "DENY", 0, X32_SYSCALL_BIT),
+        *((_BPF_JEQ_K, "DENY", 0, number) for number in denied),
+        (_BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),
+        (_BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | ENOSYS),
+    ]
+    deny = len(program) - 1
+    encoded = []
+    for index, (code_, true, false, k) in enumerate(program):
+        jt = deny - index - 1 if true == "DENY" else int(true)
+        jf = deny - index - 1 if false == "DENY" else int(false)
+        encoded.append(struct.pack("=HBBI", code_, jt, jf, k))
+    return b"".join(encoded)
+
+
+def install_syscall_filter(program_bytes: bytes) -> None:
+    program = ctypes.create_string_buffer(program_bytes, len(program_bytes))
+    fprog = _SockFprog(len(program_bytes) // 8, ctypes.addressof(program))
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
+    if _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"installing the seccomp filter: {os.strerror(errno)}")
+
+
+def lock_shared_devices() -> list[str]:
+    """As root, at start: make ptys and POSIX queue files unusable by the calls.
+
+    Both come from pools shared beyond the container: ptys from the host's
+    ``kernel.pty.max``, queue space from the per-uid RLIMIT_MSGQUEUE. Root
+    owns both entries, so it can chmod them without any capability. Returns
+    what could not be locked (the host refuses such a container).
+    """
+    problems = []
+    for path, mode in ((wire.PTY_MASTER, 0o000), (wire.MQUEUE_DIR, 0o755)):
+        try:
+            os.chmod(path, mode)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            problems.append(f"{path}: {exc.strerror}")
+            continue
+        if os.stat(path).st_mode & 0o7777 != mode:
+            problems.append(f"{path}: mode did not change")
+    return problems

@@ -1,0 +1,374 @@
+"""Between two calls in one container: empty what a call can leave, then prove the baseline.
+
+Removing what can be listed is not enough: resources held only by
+descriptors in flight (an SCM_RIGHTS cycle of unix sockets holding a memfd,
+an unlinked file, a listening socket) survive every process. So when the
+container is ready, ``measure()`` records a baseline (free space and inodes
+of each scratch tmpfs, the memory no process should hold, the sockets of
+the container's network namespace, the supervisor's own descriptors) and
+after each reset ``compare()`` says what is not back within a stated
+tolerance. The host retires any container that is not.
+
+Removal is iterative, never recursive, and bounded in time: a hostile tree
+(very deep, very wide, long names) either goes or is reported.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import socket
+import stat
+import time
+
+from . import wire
+
+SPACE_TOLERANCE = 256 * 1024
+"""Bytes of a scratch tmpfs that may stay used after a reset (tmpfs bookkeeping)."""
+INODE_TOLERANCE = 8
+MEMORY_TOLERANCE = 24 * 1024 * 1024
+"""Bytes of unreclaimable memory (anonymous + shared) above the baseline that a
+reset tolerates: the supervisor's own buffers grow and shrink with calls."""
+CLEAN_BUDGET = 5.0
+"""Seconds the removal of what a call left may take; past it the container is retired."""
+FLATTEN_DEPTH = 64
+"""Directories deeper than this are moved up to the scratch root before removal,
+so neither path length nor open descriptors grow with a tree's depth."""
+
+_libc = ctypes.CDLL(None, use_errno=True)
+NET_TABLES = ("tcp", "tcp6", "udp", "udp6", "raw", "raw6", "unix", "packet")
+MEMINFO_KEYS = ("AnonPages", "Shmem")
+CGROUP_V2_KEYS = ("anon", "shmem", "sock")
+CGROUP_V1_KEYS = ("rss", "shmem")
+
+
+# -- removal --------------------------------------------------------------------------
+
+
+class BudgetExceeded(Exception):
+    """Cleaning took longer than its budget."""
+
+
+def empty_directory(root: str, deadline: float) -> None:
+    """Remove everything under ``root`` (kept itself), without recursion or symlink following.
+
+    A stack of open directory descriptors walks the tree; a directory found
+    deeper than FLATTEN_DEPTH is renamed into ``root`` first, so the stack
+    never grows past that depth, whatever the tree's shape or name lengths.
+    Passes repeat until ``root`` is empty or a pass removes nothing more.
+    """
+    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        before: list[str] | None = None
+        while True:
+            names = sorted(os.listdir(root_fd))
+            if not names or names == before:
+                return
+            before = names
+            _one_pass(root_fd, deadline)
+    finally:
+        os.close(root_fd)
+
+
+def _one_pass(root_fd: int, deadline: float) -> None:
+    stack = [root_fd]
+    finished: set[int] = set()  # inodes of directories already emptied as far as possible
+    serial = 0
+    while stack:
+        if time.monotonic() > deadline:
+            for fd in stack[1:]:
+                os.close(fd)
+            raise BudgetExceeded(f"emptying took over {CLEAN_BUDGET:.0f}s")
+        fd = stack[-1]
+        descend_into = None
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                name = entry.name
+                try:
+                    info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if not stat.S_ISDIR(info.st_mode):
+                    _quietly(os.unlink, name, dir_fd=fd)
+                    continue
+                _quietly(os.chmod, name, 0o700, dir_fd=fd, follow_symlinks=False)
+                try:
+                    os.rmdir(name, dir_fd=fd)
+                    continue
+                except OSError:
+                    if info.st_ino in finished:
+                        continue  # could not be emptied: verification reports it
+                if len(stack) >= FLATTEN_DEPTH:
+                    serial += 1
+                    _quietly(
+                        os.rename,
+                        name,
+                        f".flat-{serial}-{info.st_ino}",
+                        src_dir_fd=fd,
+                        dst_dir_fd=root_fd,
+                    )
+                    continue
+                descend_into = name
+                break
+        if descend_into is not None:
+            try:
+                stack.append(
+                    os.open(descend_into, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                )
+            except OSError:
+                finished.add(os.stat(descend_into, dir_fd=fd, follow_symlinks=False).st_ino)
+            continue
+        stack.pop()
+        if fd != root_fd:
+            finished.add(os.fstat(fd).st_ino)
+            os.close(fd)  # its parent's scan starts over and removes it, now empty
+
+
+def _quietly(func, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    try:
+        func(*args, **kwargs)
+    except OSError:
+        pass  # verification reports what could not be removed
+
+
+# -- SysV IPC -----------------------------------------------------------------------------
+
+SYSVIPC_DIR = "/proc/sysvipc"
+IPC_RMID, IPC_STAT = 0, 2
+IPC_CREAT_PRIVATE = 0o1600  # IPC_CREAT | 0600, with key IPC_PRIVATE (0)
+MAX_SWEEP = 65536
+_swept_up_to = {"shm": 0, "msg": 0, "sem": 0}
+"""Highest SysV id of each kind already swept (see sweep_sysv_ipc_by_id)."""
+
+
+def _ipc_create(kind: str) -> int:
+    if kind == "shm":
+        return int(_libc.shmget(0, 1, IPC_CREAT_PRIVATE))
+    if kind == "msg":
+        return int(_libc.msgget(0, IPC_CREAT_PRIVATE))
+    return int(_libc.semget(0, 1, IPC_CREAT_PRIVATE))
+
+
+def _ipc_remove(kind: str, ipc_id: int) -> None:
+    if kind == "shm":
+        _libc.shmctl(ipc_id, IPC_RMID, None)
+    elif kind == "msg":
+        _libc.msgctl(ipc_id, IPC_RMID, None)
+    else:
+        _libc.semctl(ipc_id, 0, IPC_RMID)
+
+
+def _ipc_exists(kind: str, ipc_id: int) -> bool:
+    buf = ctypes.create_string_buffer(512)
+    if kind == "shm":
+        return int(_libc.shmctl(ipc_id, IPC_STAT, buf)) == 0
+    if kind == "msg":
+        return int(_libc.msgctl(ipc_id, IPC_STAT, buf)) == 0
+    return int(_libc.semctl(ipc_id, 0, IPC_STAT, buf)) >= 0
+
+
+def sweep_sysv_ipc_by_id() -> list[str]:
+    """Remove SysV objects where they cannot be listed (gVisor has no /proc/sysvipc).
+
+    gVisor hands out ids of each kind in increasing order. Creating a probe
+    object gives the newest id; every id between the last sweep and the probe
+    (the probe included) is removed, then each is checked to be gone.
+    """
+    problems = []
+    for kind, swept in _swept_up_to.items():
+        newest = _ipc_create(kind)
+        if newest < 0:
+            problems.append(f"SysV {kind}: cannot probe ids")
+            continue
+        if newest <= swept or newest - swept > MAX_SWEEP:
+            _ipc_remove(kind, newest)
+            problems.append(f"SysV {kind}: ids not in sweepable order ({swept} -> {newest})")
+            continue
+        for ipc_id in range(swept + 1, newest + 1):
+            _ipc_remove(kind, ipc_id)
+        left = [i for i in range(swept + 1, newest + 1) if _ipc_exists(kind, i)]
+        if left:
+            problems.append(f"SysV {kind} left: {left[:5]}")
+        _swept_up_to[kind] = newest
+    return problems
+
+
+def sysv_ipc_ids() -> dict[str, list[int]]:
+    found = {}
+    for kind in ("shm", "msg", "sem"):
+        ids = []
+        try:
+            with open(f"{SYSVIPC_DIR}/{kind}") as handle:
+                next(handle, None)
+                for line in handle:
+                    fields = line.split()
+                    if len(fields) > 1:
+                        ids.append(int(fields[1]))
+        except OSError:
+            pass
+        found[kind] = ids
+    return found
+
+
+def remove_sysv_ipc() -> list[str]:
+    if not os.path.isdir(SYSVIPC_DIR):
+        return sweep_sysv_ipc_by_id()
+    for kind, ids in sysv_ipc_ids().items():
+        for ipc_id in ids:
+            _ipc_remove(kind, ipc_id)
+    return [f"SysV {kind} left: {ids[:5]}" for kind, ids in sysv_ipc_ids().items() if ids]
+
+
+def clean(deadline: float) -> list[str]:
+    """Empty the scratch dirs, queues and SysV objects (as the calls' uid); what failed."""
+    problems = []
+    for directory in (*wire.SCRATCH_DIRS, wire.MQUEUE_DIR):
+        try:
+            empty_directory(directory, deadline)
+        except FileNotFoundError:
+            continue
+        except (OSError, BudgetExceeded) as exc:
+            problems.append(f"{directory}: {exc}")
+    problems.extend(remove_sysv_ipc())
+    return problems
+
+
+# -- the baseline -------------------------------------------------------------------------
+
+
+def _statvfs(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize, st.f_favail
+
+
+def _net_entries(table: str) -> int | None:
+    try:
+        with open(f"/proc/net/{table}") as handle:
+            return max(0, sum(1 for _ in handle) - 1)
+    except OSError:
+        return None
+
+
+def _key_values(path: str, separator: str | None = None) -> dict[str, int]:
+    values = {}
+    with open(path) as handle:
+        for line in handle:
+            fields = line.replace(":", " ").split(separator)
+            if len(fields) >= 2:
+                try:
+                    values[fields[0]] = int(fields[1])
+                except ValueError:
+                    continue
+    return values
+
+
+def held_memory() -> tuple[str, int] | None:
+    """Bytes no process should hold once a call is gone: anonymous + shared (+ sockets).
+
+    From the container's cgroup (v2 or v1) under runc; under gVisor from its
+    own ``/proc/meminfo``, which describes the sandbox, not the host.
+    """
+    try:
+        stats = _key_values("/sys/fs/cgroup/memory.stat")
+        return "cgroup2", sum(stats.get(key, 0) for key in CGROUP_V2_KEYS)
+    except OSError:
+        pass
+    try:
+        stats = _key_values("/sys/fs/cgroup/memory/memory.stat")
+        return "cgroup1", sum(stats.get(key, 0) for key in CGROUP_V1_KEYS)
+    except OSError:
+        pass
+    if _in_gvisor():
+        try:
+            info = _key_values("/proc/meminfo")
+            return "meminfo", 1024 * sum(info.get(key, 0) for key in MEMINFO_KEYS)
+        except OSError:
+            pass
+    return None
+
+
+def _in_gvisor() -> bool:
+    try:
+        with open("/proc/self/cgroup") as handle:
+            text = handle.read()
+    except OSError:
+        text = ""
+    try:
+        with open("/proc/version") as handle:
+            version = handle.read()
+    except OSError:
+        version = ""
+    return "gVisor" in version or not text.strip()
+
+
+def open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def trigger_unix_gc() -> None:
+    """Closing a unix socket runs the kernel's collector of in-flight socket cycles."""
+    try:
+        left, right = socket.socketpair()
+        left.close()
+        right.close()
+    except OSError:
+        pass
+
+
+def measure() -> dict[str, object]:
+    """What the container looks like now (see the module docstring)."""
+    facts: dict[str, object] = {}
+    for directory in wire.SCRATCH_DIRS:
+        facts[f"space:{directory}"] = _statvfs(directory)
+    for table in NET_TABLES:
+        facts[f"net:{table}"] = _net_entries(table)
+    facts["memory"] = held_memory()
+    facts["fds"] = open_descriptors()
+    return facts
+
+
+def compare(baseline: dict[str, object], now: dict[str, object]) -> list[str]:
+    """What is not back to ``baseline`` within the tolerances; empty when it all is."""
+    problems = []
+    for directory in wire.SCRATCH_DIRS:
+        key = f"space:{directory}"
+        before, after = baseline.get(key), now.get(key)
+        if isinstance(before, tuple) and isinstance(after, tuple):
+            if after[0] < before[0] - SPACE_TOLERANCE:
+                problems.append(f"{directory}: {(before[0] - after[0]) >> 10} KiB still used")
+            if after[1] < before[1] - INODE_TOLERANCE:
+                problems.append(f"{directory}: {before[1] - after[1]} inodes still used")
+        elif before != after:
+            problems.append(f"{directory}: free space unreadable")
+    for table in NET_TABLES:
+        key = f"net:{table}"
+        before, after = baseline.get(key), now.get(key)
+        if isinstance(before, int) and isinstance(after, int) and after > before:
+            problems.append(f"{after - before} {table} socket(s) left")
+        elif isinstance(before, int) and not isinstance(after, int):
+            problems.append(f"/proc/net/{table} unreadable")
+    before_memory, after_memory = baseline.get("memory"), now.get("memory")
+    if isinstance(before_memory, tuple) and isinstance(after_memory, tuple):
+        grown = after_memory[1] - before_memory[1]
+        if grown > MEMORY_TOLERANCE:
+            problems.append(f"{grown >> 20} MiB of memory still held ({after_memory[0]})")
+    elif before_memory is not None:
+        problems.append("memory usage unreadable")
+    before_fds, after_fds = baseline.get("fds"), now.get("fds")
+    if isinstance(before_fds, int) and isinstance(after_fds, int) and after_fds > before_fds:
+        problems.append(f"the agent holds {after_fds - before_fds} more descriptor(s)")
+    return problems
+
+
+def back_to_baseline(baseline: dict[str, object], settle: float = 0.3) -> list[str]:
+    """Compare with ``baseline``, allowing ``settle`` seconds for what the kernel frees late."""
+    trigger_unix_gc()
+    give_up = time.monotonic() + settle
+    while True:
+        problems = compare(baseline, measure())
+        if not problems or time.monotonic() >= give_up:
+            return problems
+        time.sleep(0.02)

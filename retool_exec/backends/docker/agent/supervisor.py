@@ -1,0 +1,819 @@
+"""The supervisor: PID 1 of every sandbox container, and the only process that holds call data.
+
+It speaks ``wire`` frames with the host over the container's attach stream
+(fd 0 in, fd 1 out; no ``docker exec``, no mounts, no sockets), and runs each
+call in a child of the zygote (``zygote.py``), which never sees call data.
+
+Why it is built this way:
+- Four parties, three uids (``wire``): the supervisor (holds every call's
+  code, stdin, files, output and the nonce), the zygote (forks calls, holds
+  none of it), and the calls (a uid allocated per container by the host, so
+  per-uid kernel limits are not shared with any other container). Neither
+  agent process is dumpable, and both ignore every catchable signal: a call
+  can neither signal, trace nor read them.
+- A call's inputs never pass through the call's own output: files are
+  written into the working directory *before* the child gets its request,
+  fetched files are read *after* every process of the call is gone, and the
+  result (with the per-call nonce the child never sees) is built here. No
+  byte the code prints can change an outcome, a file or a metric.
+- Output is drained while produced and only a tail is kept. At the deadline,
+  and after every call, every process of the calls' uid is killed
+  (``kill(-1)`` as that uid: it spares the zygote) and orphans are reaped.
+- Calls run niced below the supervisor, whose memory is locked where the
+  runtime allows, so it keeps answering on time under a call's CPU and
+  memory pressure.
+- After a call, when asked, ``reset`` empties every place a call can leave
+  data and then proves the container is back to the baseline measured when
+  it became ready; on any doubt the host retires the container.
+"""
+
+from __future__ import annotations
+
+import array
+import ctypes
+import errno
+import json
+import os
+import select
+import signal
+import socket
+import stat
+import sys
+import time
+from typing import Any
+
+from . import identity, reset, wire, zygote
+from .identity import Identity
+
+CHUNK = 1 << 16
+_CONTINUATION = bytes(range(0x80, 0xC0))
+OOM_COUNTERS = (
+    "/sys/fs/cgroup/memory.events",  # cgroup v2
+    "/sys/fs/cgroup/memory/memory.oom_control",  # cgroup v1
+)
+SETTLE_SECONDS = 1.0
+"""After a call ends, how long its output pipes may take to reach EOF."""
+INTERRUPT_GRACE = 1.0
+"""Notebook mode: seconds a cell has to stop after KeyboardInterrupt before the process dies."""
+MCL_CURRENT = 1
+
+
+class State:
+    """Facts fixed at start."""
+
+    agent = Identity(wire.AGENT_USER)
+    sandbox = Identity(wire.DEFAULT_SANDBOX_USER)
+    zygote_pid = 0
+    control: socket.socket
+    baseline: dict[str, object] = {}  # noqa: RUF012 - set once, at start
+
+
+# -- framing on the attach stream ------------------------------------------------------
+
+
+def read_exact(fd: int, size: int) -> bytes:
+    chunks = []
+    while size:
+        data = os.read(fd, min(size, CHUNK))
+        if not data:
+            raise EOFError("host closed the stream")
+        chunks.append(data)
+        size -= len(data)
+    return b"".join(chunks)
+
+
+def read_frame(fd: int) -> dict[str, Any]:
+    (length,) = wire.FRAME_HEADER.unpack(read_exact(fd, wire.FRAME_HEADER.size))
+    if length > wire.MAX_FRAME:
+        raise wire.WireError(f"frame of {length} bytes exceeds {wire.MAX_FRAME}")
+    return wire.decode_payload(read_exact(fd, length))
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def write_frame(fd: int, message: dict[str, Any]) -> None:
+    write_all(fd, wire.encode_frame(message))
+
+
+# -- output capture ----------------------------------------------------------------------
+
+
+class Tail:
+    """Last ``cap`` bytes of a stream plus the characters that fell off the front."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.buf = bytearray()
+        self.dropped = 0
+
+    def feed(self, data: bytes) -> None:
+        self.buf += data
+        excess = len(self.buf) - self.cap
+        if excess > 0:
+            self.dropped += len(bytes(self.buf[:excess]).translate(None, _CONTINUATION))
+            del self.buf[:excess]
+
+    def text(self) -> str:
+        return bytes(self.buf).decode("utf-8", errors="replace")
+
+
+# -- children, through the zygote -----------------------------------------------------------
+
+
+class Child:
+    """A child forked by the zygote ahead of its call, waiting for its request."""
+
+    def __init__(self) -> None:
+        events_r, events_w = os.pipe()
+        request_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        theirs = [events_w, child_sock.fileno(), out_w, err_w]
+        try:
+            State.control.sendmsg(
+                [b"F"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", theirs))]
+            )
+            pid = wait_for_fork()
+        finally:
+            os.close(events_w)
+            child_sock.close()
+            os.close(out_w)
+            os.close(err_w)
+        self.pid = pid
+        self.events_r, self.out_r, self.err_r = events_r, out_r, err_r
+        self.request = request_sock
+        self.status: int | None = None
+        """The wait status, once the zygote reported it."""
+
+    def close(self) -> None:
+        for fd in (self.events_r, self.out_r, self.err_r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.request.close()
+
+
+exits: dict[int, int] = {}
+"""Wait statuses the zygote reported, by pid, not yet claimed."""
+
+
+def wait_for_fork() -> int:
+    while True:
+        message = State.control.recv(4096)
+        if not message:
+            raise OSError("the zygote is gone")
+        kind, body = message[:1], message[1:]
+        if kind == b"P":
+            return int(zygote.PID_STATUS.unpack(body)[0])
+        if kind == b"E":
+            raise OSError(f"the zygote could not fork: {body.decode(errors='replace')}")
+        if kind == b"X":
+            pid, status = zygote.PID_STATUS.unpack(body)
+            exits[pid] = status
+
+
+def take_exit_messages() -> None:
+    """Read the zygote's pending exit reports (non-blocking)."""
+    while True:
+        try:
+            message = State.control.recv(4096, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return
+        if not message:
+            raise OSError("the zygote is gone")
+        if message[:1] == b"X":
+            pid, status = zygote.PID_STATUS.unpack(message[1:])
+            exits[pid] = status
+
+
+def decode_status(status: int) -> int:
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+def kill_calls() -> None:
+    """SIGKILL every process of the calls' uid (as that uid: the agent and zygote are spared)."""
+    with identity.acting_as(State.sandbox, State.agent):
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except OSError:
+            pass  # ESRCH: none left
+
+
+def signal_call(pid: int, signum: int) -> None:
+    with identity.acting_as(State.sandbox, State.agent):
+        try:
+            os.kill(pid, signum)
+        except OSError:
+            pass
+
+
+def reap_orphans() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def call_processes() -> list[int]:
+    """Live processes other than the supervisor and the zygote."""
+    spared = {os.getpid(), State.zygote_pid}
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) not in spared:
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    state = handle.read().rpartition(")")[2].split()[0]
+            except OSError:
+                continue
+            if state not in ("Z", "X"):
+                pids.append(int(entry))
+    return pids
+
+
+def end_all_calls(budget: float = 2.0) -> list[int]:
+    """Kill and reap until no call process is left (or ``budget`` runs out); what is left."""
+    give_up = time.monotonic() + budget
+    while True:
+        kill_calls()
+        reap_orphans()
+        take_exit_messages()
+        left = call_processes()
+        if not left or time.monotonic() > give_up:
+            return left
+        time.sleep(0.002)
+
+
+def oom_kills() -> int | None:
+    for path in OOM_COUNTERS:
+        try:
+            with open(path) as handle:
+                for line in handle:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+# -- files in and out ---------------------------------------------------------------------
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _open_parent(root_fd: int, path: str, create: bool) -> tuple[int, str]:
+    """A descriptor of ``path``'s directory (walked with O_NOFOLLOW) and the last name."""
+    *parents, name = path.split("/")
+    fd = os.dup(root_fd)
+    try:
+        for part in parents:
+            if create:
+                try:
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                except FileExistsError:
+                    pass
+            next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = next_fd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, name
+
+
+def write_uploads(files: list[list[str]]) -> str | None:
+    """Write the call's files (as the calls' uid, never following a link); why not, or None."""
+    with identity.acting_as(State.sandbox, State.agent):
+        root = os.open(wire.WORKDIR, _DIR_FLAGS)
+        try:
+            for path_text, encoded in files:
+                path = wire.check_relative_path(path_text)
+                data = wire.b64decode(encoded)
+                parent, name = _open_parent(root, path, create=True)
+                try:
+                    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                    fd = os.open(name, flags, 0o644, dir_fd=parent)
+                    try:
+                        write_all(fd, data)
+                    finally:
+                        os.close(fd)
+                finally:
+                    os.close(parent)
+        except (OSError, ValueError) as exc:
+            where = getattr(exc, "filename", None) or ""
+            return f"could not write the call's files: {exc.__class__.__name__}: {exc} {where}"
+        finally:
+            os.close(root)
+    return None
+
+
+def read_fetched(paths: list[str], cap: int) -> tuple[dict[str, str], dict[str, str]]:
+    """Read the files asked for (as the calls' uid), after every process of the call is gone."""
+    found: dict[str, str] = {}
+    errors: dict[str, str] = {}
+    budget = cap
+    with identity.acting_as(State.sandbox, State.agent):
+        root = os.open(wire.WORKDIR, _DIR_FLAGS)
+        try:
+            for raw in paths:
+                try:
+                    path = wire.check_relative_path(raw)
+                    parent, name = _open_parent(root, path, create=False)
+                    try:
+                        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+                        fd = os.open(name, flags, dir_fd=parent)
+                    finally:
+                        os.close(parent)
+                    try:
+                        info = os.fstat(fd)
+                        if not stat.S_ISREG(info.st_mode):
+                            errors[raw] = "not a regular file"
+                            continue
+                        if info.st_size > budget:
+                            errors[raw] = f"larger than the {cap}-byte fetch budget left"
+                            continue
+                        data = os.read(fd, budget + 1) if budget else b""
+                        if len(data) > budget:
+                            errors[raw] = f"larger than the {cap}-byte fetch budget left"
+                            continue
+                    finally:
+                        os.close(fd)
+                    budget -= len(data)
+                    found[raw] = wire.b64encode(data)
+                except FileNotFoundError:
+                    errors[raw] = "no such file"
+                except OSError as exc:
+                    errors[raw] = "a symbolic link" if exc.errno == errno.ELOOP else str(exc.strerror)
+                except ValueError as exc:
+                    errors[raw] = str(exc)
+        finally:
+            os.close(root)
+    return found, errors
+
+
+# -- one call ---------------------------------------------------------------------------------
+
+
+class CallOutput:
+    """Where the output of the current cell (or of the whole call) goes."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.cells: list[dict[str, Any]] = []
+
+    def new_tails(self) -> tuple[Tail, Tail]:
+        return Tail(self.cap), Tail(self.cap)
+
+
+def run_call(request: dict[str, Any], child: Child) -> dict[str, Any]:
+    timeout = float(request["timeout"])
+    cap = int(request.get("read_cap", 16384))
+    started = time.monotonic()
+    deadline = started + timeout
+    oom_before = oom_kills()
+    cells = [str(cell) for cell in request.get("cells") or []]
+    cell_timeout = request.get("cell_timeout")
+
+    setup_error = write_uploads(request.get("files") or [])
+    if setup_error is not None:
+        return {
+            "type": "result",
+            "id": request.get("id"),
+            "setup_error": setup_error,
+            "returncode": None,
+            "timed_out": False,
+            "oom": False,
+            "stdout": "",
+            "stdout_dropped": 0,
+            "stderr": "",
+            "stderr_dropped": 0,
+            "duration": time.monotonic() - started,
+        }
+
+    to_child = {
+        "type": "request",
+        "code": "" if cells else request["code"],
+        "cells": len(cells),
+        "cpu_seconds": request.get("cpu_seconds", 35),
+        "memory_mb": request.get("memory_mb"),
+        "stdin": request.get("stdin"),
+    }
+    child.request.sendall(wire.encode_frame(to_child))
+
+    events = wire.FrameDecoder(max_frame=1 << 20)
+    tails = {child.out_r: Tail(cap), child.err_r: Tail(cap)}
+    open_pipes = {child.out_r, child.err_r}
+    poller = select.poll()
+    for fd in (child.out_r, child.err_r, child.events_r, State.control.fileno()):
+        poller.register(fd, select.POLLIN)
+    returncode: int | None = None
+    timed_out = False
+    cell_results: list[dict[str, Any]] = []
+    cell_index = -1
+    cell_deadline = deadline
+    interrupted_at: float | None = None
+    events_open = True
+
+    def start_cell(index: int) -> None:
+        nonlocal tails, open_pipes, cell_deadline, interrupted_at
+        for fd in list(open_pipes):
+            drain_pipe(fd, tails, open_pipes, poller, close=True)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        frame = wire.encode_frame({"type": "cell", "index": index, "code": cells[index]})
+        try:
+            child.request.sendmsg(
+                [frame[: wire.FRAME_HEADER.size]],
+                [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [out_w, err_w]))],
+            )
+            child.request.sendall(frame[wire.FRAME_HEADER.size :])
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        tails = {out_r: Tail(cap), err_r: Tail(cap)}
+        open_pipes = {out_r, err_r}
+        for fd in (out_r, err_r):
+            poller.register(fd, select.POLLIN)
+        cell_results.append(
+            {
+                "tails": (tails[out_r], tails[err_r]),
+                "finished": False,
+                "timed_out": False,
+                "display": [],
+                "error": [],
+            }
+        )
+        limit = float(cell_timeout) if cell_timeout else timeout
+        cell_deadline = min(deadline, time.monotonic() + limit)
+        interrupted_at = None
+
+    if cells:
+        try:
+            cell_index = 0
+            start_cell(0)
+        except OSError:
+            pass  # the child is gone: its exit is reported below
+
+    while returncode is None:
+        now = time.monotonic()
+        if now >= deadline:
+            timed_out = True
+            break
+        if cells and cell_index >= 0 and now >= cell_deadline:
+            if interrupted_at is None:
+                cell_results[cell_index]["timed_out"] = True
+                signal_call(child.pid, signal.SIGINT)
+                interrupted_at = now
+                cell_deadline = min(deadline, now + INTERRUPT_GRACE)
+            else:
+                timed_out = True  # the cell did not stop: the process goes
+                break
+        wait = min(deadline, cell_deadline if cells else deadline) - now
+        for fd, _event in poller.poll(max(1, int(wait * 1000) + 1)):
+            if fd == State.control.fileno():
+                take_exit_messages()
+            elif fd == child.events_r and events_open:
+                try:
+                    data = os.read(fd, CHUNK)
+                except OSError:
+                    data = b""
+                if not data:
+                    events_open = False
+                    poller.unregister(fd)
+                    continue
+                try:
+                    messages = events.feed(data)
+                except wire.WireError:
+                    messages = []
+                    events_open = False  # garbage from the call: stop listening to it
+                    poller.unregister(fd)
+                for message in messages:
+                    kind = message.get("type")
+                    if kind == "exit" and isinstance(message.get("status"), int):
+                        returncode = message["status"] & 0xFF
+                    elif kind == "cell_end" and cells and message.get("index") == cell_index:
+                        record = cell_results[cell_index]
+                        record["finished"] = True
+                        record["display"] = _display(message.get("display"))
+                        record["error"] = _errors(message.get("error"))
+                        if cell_index + 1 < len(cells):
+                            cell_index += 1
+                            try:
+                                start_cell(cell_index)
+                            except OSError:
+                                pass
+                        else:
+                            cell_index = len(cells)
+                            cell_deadline = deadline
+            elif fd in open_pipes:
+                pump(fd, tails, open_pipes, poller)
+        if returncode is None and child.pid in exits:
+            returncode = decode_status(exits.pop(child.pid))
+
+    # The call is over: end every process it left; with every writer gone the pipes reach EOF.
+    kill_calls()
+    settle = time.monotonic() + SETTLE_SECONDS
+    while open_pipes and time.monotonic() < settle:
+        for fd, _event in poller.poll(50):
+            if fd in open_pipes:
+                pump(fd, tails, open_pipes, poller)
+            elif fd == State.control.fileno():
+                take_exit_messages()
+    for fd in list(open_pipes):
+        drain_pipe(fd, tails, open_pipes, poller, close=True)
+    child.close()
+    # Fetched files are read only once nothing of the call can still write them;
+    # otherwise the wait for the last process to go is the reset's, off the hot path.
+    left = end_all_calls() if request.get("fetch") else []
+    exits.pop(child.pid, None)
+
+    if timed_out:
+        returncode = None
+    oom_after = oom_kills()
+    oom = (
+        oom_before is not None
+        and oom_after is not None
+        and oom_after > oom_before
+        and returncode != 0
+    )
+    fetched: dict[str, str] = {}
+    fetch_errors: dict[str, str] = {}
+    if request.get("fetch"):
+        fetched, fetch_errors = read_fetched(
+            list(request["fetch"]), int(request.get("fetch_cap", wire.MAX_FETCH_BYTES))
+        )
+    if cells:
+        out_tail, err_tail = _joined(cell_results, cap)
+    else:
+        out_tail, err_tail = tails[child.out_r], tails[child.err_r]
+    result: dict[str, Any] = {
+        "type": "result",
+        "id": request.get("id"),
+        "returncode": returncode,
+        "timed_out": timed_out,
+        "oom": bool(oom) and not timed_out,
+        "stdout": out_tail.text(),
+        "stdout_dropped": out_tail.dropped,
+        "stderr": err_tail.text(),
+        "stderr_dropped": err_tail.dropped,
+        "duration": time.monotonic() - started,
+        "files": fetched,
+        "fetch_errors": fetch_errors,
+    }
+    if cells:
+        result["cells"] = [_cell_frame(record) for record in cell_results]
+    if left:
+        result["leftover"] = f"processes would not die: {left[:5]}"
+    return result
+
+
+def _joined(cell_results: list[dict[str, Any]], cap: int) -> tuple[Tail, Tail]:
+    out, err = Tail(cap), Tail(cap)
+    for record in cell_results:
+        cell_out, cell_err = record["tails"]
+        out.dropped += cell_out.dropped
+        err.dropped += cell_err.dropped
+        out.feed(bytes(cell_out.buf))
+        err.feed(bytes(cell_err.buf))
+    return out, err
+
+
+def _cell_frame(record: dict[str, Any]) -> dict[str, Any]:
+    out, err = record["tails"]
+    return {
+        "stdout": out.text(),
+        "stdout_dropped": out.dropped,
+        "stderr": err.text(),
+        "stderr_dropped": err.dropped,
+        "display": record["display"],
+        "error": record["error"],
+        "finished": record["finished"],
+        "timed_out": record["timed_out"],
+    }
+
+
+def _display(value: object) -> list[dict[str, str]]:
+    if not isinstance(value, list):
+        return []
+    return [
+        {"text/plain": str(item.get("text/plain", ""))[: 1 << 16]}
+        for item in value[:1]
+        if isinstance(item, dict)
+    ]
+
+
+def _errors(value: object) -> list[dict[str, Any]]:
+    if not isinstance(value, list):
+        return []
+    records = []
+    for item in value[:1]:
+        if isinstance(item, dict):
+            traceback_lines = item.get("traceback")
+            records.append(
+                {
+                    "ename": str(item.get("ename", ""))[:256],
+                    "evalue": str(item.get("evalue", ""))[: 1 << 12],
+                    "traceback": [str(line)[: 1 << 12] for line in traceback_lines[:50]]
+                    if isinstance(traceback_lines, list)
+                    else [],
+                }
+            )
+    return records
+
+
+def pump(fd: int, tails: dict[int, Tail], open_pipes: set[int], poller: select.poll) -> None:
+    try:
+        data = os.read(fd, CHUNK)
+    except OSError:
+        data = b""
+    if data:
+        tails[fd].feed(data)
+        return
+    poller.unregister(fd)
+    open_pipes.discard(fd)
+    os.close(fd)
+
+
+def drain_pipe(
+    fd: int, tails: dict[int, Tail], open_pipes: set[int], poller: select.poll, close: bool
+) -> None:
+    """Take what is already in a pipe without waiting for its writers; then close it."""
+    os.set_blocking(fd, False)
+    try:
+        while True:
+            data = os.read(fd, CHUNK)
+            if not data:
+                break
+            tails[fd].feed(data)
+    except OSError:
+        pass
+    if close and fd in open_pipes:
+        poller.unregister(fd)
+        open_pipes.discard(fd)
+        os.close(fd)
+
+
+# -- reset between calls -------------------------------------------------------------------------
+
+
+def reset_container() -> tuple[bool, str]:
+    """Empty every place a call can leave state, then prove the baseline. Never raises."""
+    try:
+        problems = []
+        left = end_all_calls()
+        if left:
+            problems.append(f"processes left: {left[:5]}")
+        with identity.acting_as(State.sandbox, State.agent):
+            problems.extend(reset.clean(time.monotonic() + reset.CLEAN_BUDGET))
+        for directory in (*wire.SCRATCH_DIRS, wire.MQUEUE_DIR):
+            try:
+                if os.listdir(directory):
+                    problems.append(f"{directory} not empty")
+            except FileNotFoundError:
+                pass
+        problems.extend(reset.back_to_baseline(State.baseline))
+        return not problems, "; ".join(problems)
+    except BaseException as exc:  # a hostile shape must retire the container, not crash us
+        return False, f"reset failed: {type(exc).__name__}: {exc}"
+
+
+# -- start -----------------------------------------------------------------------------------------
+
+
+def parse_options(argv: list[str]) -> dict[str, str]:
+    """``--name value`` pairs; anything else is an error (the host wrote them)."""
+    options, rest = {}, argv[1:]
+    while rest:
+        if len(rest) < 2 or not rest[0].startswith("--"):
+            raise ValueError(f"bad agent arguments: {rest!r}")
+        options[rest[0][2:]] = rest[1]
+        rest = rest[2:]
+    return options
+
+
+def lock_memory() -> None:
+    """Keep the supervisor's pages resident (where RLIMIT_MEMLOCK and the runtime allow)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mlockall(MCL_CURRENT)  # best effort: a failure only loses the protection
+
+
+def start(argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Everything that must hold before the agent reports ready; what the zygote preloaded."""
+    options = parse_options(argv)
+    agent_user = Identity(options.pop("agent-user", wire.AGENT_USER))
+    zygote_user = Identity(options.pop("zygote-user", wire.ZYGOTE_USER))
+    sandbox_user = Identity(options.pop("sandbox-user", wire.DEFAULT_SANDBOX_USER))
+    modules = [m for m in options.pop("preload", "").split(",") if m]
+    if options:
+        raise ValueError(f"unknown agent options: {sorted(options)}")
+    if len({agent_user.uid, zygote_user.uid, sandbox_user.uid}) != 3:
+        raise ValueError("the supervisor, the zygote and the calls need three different uids")
+    machine = os.uname().machine
+    if machine not in identity.AUDIT_ARCH:
+        raise OSError(f"no syscall filter for {machine}")
+    locked = identity.lock_shared_devices()
+    if locked:
+        raise PermissionError(f"cannot keep calls off shared devices: {'; '.join(locked)}")
+    State.agent, State.sandbox = agent_user, sandbox_user
+    zygote.Setup.sandbox = sandbox_user
+    zygote.Setup.last_cap = identity.last_capability()
+    zygote.Setup.syscall_program = identity.syscall_filter(machine)
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
+        ours.close()
+        zygote.serve(theirs, zygote_user, modules)
+        os._exit(70)
+    theirs.close()
+    State.zygote_pid, State.control = pid, ours
+    identity.become(agent_user, wire.SUPERVISOR_CAPABILITIES)
+    identity.harden_self()
+    lock_memory()
+    message = ours.recv(1 << 16)
+    if message[:1] != b"R":
+        reason = message[1:].decode(errors="replace") or "the zygote died before it was ready"
+        raise OSError(reason)
+    ready = json.loads(message[1:])
+    return list(ready["loaded"]), dict(ready["failed"])
+
+
+def main(argv: list[str]) -> int:
+    try:
+        loaded, failed = start(argv)
+        reap_orphans()
+        State.baseline = reset.measure()
+        child: Child | None = Child()
+    except Exception as exc:
+        write_frame(1, {"type": "fatal", "reason": f"{type(exc).__name__}: {exc}"})
+        return 70
+    write_frame(
+        1,
+        {
+            "type": "ready",
+            "python": sys.version.split()[0],
+            "preloaded": loaded,
+            "failed": failed,
+            "pid": os.getpid(),
+            "sandbox_uid": State.sandbox.uid,
+        },
+    )
+    while True:
+        try:
+            request = read_frame(0)
+        except EOFError:
+            return 0
+        kind = request.get("type")
+        if kind == "run":
+            # The nonce authenticates our answers to the host; no call process ever
+            # holds it (the child gets its own request, without it, from us).
+            nonce = request.pop("nonce", None)
+            try:
+                if child is None:
+                    child = Child()
+                result = run_call(request, child)
+            except Exception as exc:
+                end_all_calls()
+                write_frame(
+                    1,
+                    {
+                        "type": "error",
+                        "id": request.get("id"),
+                        "nonce": nonce,
+                        "reason": f"{type(exc).__name__}: {exc}",
+                    },
+                )
+                return 70
+            child = None
+            write_frame(1, {**result, "nonce": nonce})
+            if request.get("reset"):
+                clean, reason = reset_container()
+                if clean:
+                    try:
+                        child = Child()
+                    except OSError as exc:
+                        clean, reason = False, f"cannot fork the next call: {exc}"
+                write_frame(
+                    1,
+                    {
+                        "type": "reset",
+                        "id": request.get("id"),
+                        "nonce": nonce,
+                        "clean": clean,
+                        "reason": reason,
+                    },
+                )
+        elif kind == "ping":
+            write_frame(1, {"type": "pong"})
+        else:
+            write_frame(1, {"type": "error", "reason": f"unknown frame type {kind!r}"})

@@ -1,0 +1,497 @@
+"""The zygote: a warm interpreter that forks calls and never sees any call's data.
+
+Forked from the supervisor at start, before any request exists, it imports
+the preloaded modules once and then only forks. The supervisor hands it the
+child's end of each descriptor over a unix socket (SCM_RIGHTS); the child
+reads its own request from one of them *after* it exists and has dropped to
+the calls' uid. So no call's code, stdin, files, output or nonce is ever in
+an address space a later call is forked from, and freed memory of earlier
+calls cannot be found in a child: there is none to copy.
+
+Zygote <-> supervisor messages (SOCK_SEQPACKET, one datagram each):
+    supervisor -> zygote  b"F" + SCM_RIGHTS(events_w, request_r, out_w, err_w)
+    zygote -> supervisor  b"R" + JSON {"loaded": [...], "failed": {...}} (ready, once)
+                          b"P" + pid               (forked)
+                          b"E" + reason            (fork failed)
+                          b"X" + pid + wait status (a child of the zygote ended)
+"""
+
+from __future__ import annotations
+
+import array
+import gc
+import io
+import json
+import os
+import random
+import resource
+import select
+import signal
+import socket
+import struct
+import sys
+import threading
+import traceback
+import types
+from typing import Any
+
+from . import identity, wire
+
+EVENTS_FD, REQUEST_FD = 3, 4
+"""In a child: 3 carries its events to the supervisor, 4 its request (a unix socket)."""
+CHILD_FDS = 4
+PID_STATUS = struct.Struct("=ii")
+CHILD_NICE = 10
+"""Calls run below the supervisor's priority, so it keeps the CPU it needs for deadlines."""
+CHILD_MEMLOCK = 64 * 1024
+PYTHON_IGNORES = (signal.SIGPIPE, signal.SIGXFSZ)
+"""What a fresh Python process ignores, restored in the child before user code runs."""
+
+WARMUPS = {
+    "sympy": "x = sympy.Symbol('x'); sympy.solve(x**2 - 2, x); sympy.simplify(sympy.sin(x)**2 + "
+    "sympy.cos(x)**2); sympy.integrate(x**2, x); sympy.Rational(1, 3) + 1",
+    "numpy": "numpy.linalg.solve(numpy.eye(2), numpy.ones(2)); numpy.random.default_rng(0)",
+}
+"""Run once after import, so lazily imported submodules are warm in every child."""
+
+
+class Setup:
+    """Who the calls are and their filter: decided once at start."""
+
+    sandbox = identity.Identity(wire.DEFAULT_SANDBOX_USER)
+    last_cap = 63
+    syscall_program = b""
+
+
+def make_call_safe() -> None:
+    """In a forked child, before anything of the call: its uid, no capability, the filter."""
+    identity.become_sandbox(Setup.sandbox, Setup.last_cap)
+    identity.install_syscall_filter(Setup.syscall_program)
+
+
+def preload(modules: list[str]) -> tuple[list[str], dict[str, str]]:
+    loaded, failed = [], {}
+    for module in modules:
+        try:
+            __import__(module)
+            warmup = WARMUPS.get(module)
+            if warmup:
+                exec(warmup, {module: sys.modules[module]})
+            loaded.append(module)
+        except Exception as exc:  # a missing optional module must not stop the agent
+            failed[module] = f"{type(exc).__name__}: {exc}"
+    gc.collect()
+    gc.freeze()  # keep the collector from touching (and so copying) the zygote's pages
+    return loaded, failed
+
+
+def check_child_setup() -> None:
+    """Fork once before serving, to prove a child can drop and filter."""
+    err_r, err_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(err_r)
+        try:
+            make_call_safe()
+            os._exit(0)
+        except BaseException as exc:
+            os.write(err_w, f"{type(exc).__name__}: {exc}".encode(errors="replace"))
+            os._exit(71)
+    os.close(err_w)
+    with os.fdopen(err_r, "rb") as handle:
+        reason = handle.read(4096).decode(errors="replace")
+    _, status = os.waitpid(pid, 0)
+    if status != 0:
+        raise PermissionError(f"a call could not be made safe: {reason or status}")
+
+
+# -- the fork server -----------------------------------------------------------------
+
+
+def serve(control: socket.socket, zygote_user: identity.Identity, modules: list[str]) -> None:
+    """The zygote's whole life (never returns)."""
+    try:
+        identity.become(zygote_user, wire_capabilities())
+        identity.harden_self()
+        check_child_setup()
+        loaded, failed = preload(modules)
+        control.send(b"R" + json.dumps({"loaded": loaded, "failed": failed}).encode())
+    except BaseException as exc:
+        control.send(b"!" + f"{type(exc).__name__}: {exc}".encode(errors="replace")[:4000])
+        os._exit(70)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    poller = select.poll()
+    poller.register(control.fileno(), select.POLLIN)
+    poller.register(wake_r, select.POLLIN)
+    while True:
+        for fd, _event in poller.poll():
+            if fd == wake_r:
+                _drain(wake_r)
+                _report_exits(control)
+            else:
+                _fork_one(control, wake_r, wake_w)
+
+
+def wire_capabilities() -> tuple[int, ...]:
+    return wire.ZYGOTE_CAPABILITIES
+
+
+def _report_exits(control: socket.socket) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        control.send(b"X" + PID_STATUS.pack(pid, status))
+
+
+def _fork_one(control: socket.socket, wake_r: int, wake_w: int) -> None:
+    fds = array.array("i")
+    try:
+        message, ancillary, _flags, _addr = control.recvmsg(16, socket.CMSG_SPACE(CHILD_FDS * 4))
+    except InterruptedError:
+        return
+    if not message:  # the supervisor is gone: so is the container
+        os._exit(0)
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+    if message != b"F" or len(fds) != CHILD_FDS:
+        for fd in fds:
+            os.close(fd)
+        control.send(b"E" + b"bad fork request")
+        return
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        for fd in fds:
+            os.close(fd)
+        control.send(b"E" + str(exc).encode(errors="replace"))
+        return
+    if pid == 0:
+        control.close()
+        os.close(wake_r)
+        os.close(wake_w)
+        child_main(*fds)
+    for fd in fds:
+        os.close(fd)
+    control.send(b"P" + PID_STATUS.pack(pid, 0))
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+
+
+# -- the child -------------------------------------------------------------------------
+
+
+def child_main(events_w: int, request_r: int, out_w: int, err_w: int) -> None:
+    """Runs in the forked child; never returns.
+
+    Descriptors: 0 stdin (``/dev/null``, or a memfd holding the request's
+    stdin), 1 and 2 the output pipes, 3 the events pipe, 4 the request socket.
+    Nothing else: the zygote's socket is closed before any user code exists.
+    """
+    status = 70
+    try:
+        signal.set_wakeup_fd(-1)
+        try:
+            make_call_safe()
+        except BaseException as exc:
+            os.write(err_w, f"sandbox setup failed: {exc}\n".encode(errors="replace"))
+            status = 71
+            return
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null, 0)
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        os.dup2(events_w, EVENTS_FD)
+        os.dup2(request_r, REQUEST_FD)
+        os.closerange(REQUEST_FD + 1, max(os.sysconf("SC_OPEN_MAX"), 1024))
+        for signum in (*identity.IGNORED_SIGNALS, signal.SIGCHLD):
+            try:
+                signal.signal(signum, signal.SIG_DFL)
+            except (OSError, ValueError):
+                pass
+        for signum in PYTHON_IGNORES:
+            signal.signal(signum, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        _lower(resource.RLIMIT_MEMLOCK, CHILD_MEMLOCK)
+        try:
+            os.nice(CHILD_NICE)
+        except OSError:
+            pass
+        # Its own /proc entries (owned by root while non-dumpable), so
+        # oom_score_adj below is writable and the kernel's OOM killer picks it.
+        identity._libc.prctl(identity.PR_SET_DUMPABLE, 1, 0, 0, 0)
+        try:
+            with open("/proc/self/oom_score_adj", "w") as handle:
+                handle.write("1000")
+        except OSError:
+            pass
+        os.chdir(wire.WORKDIR)
+        request_sock = socket.socket(fileno=REQUEST_FD)
+        try:
+            request = _receive(request_sock)
+        except (EOFError, ValueError):
+            status = 0
+            return  # a spare discarded unused
+        cpu = int(request.get("cpu_seconds", 35))
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+        memory_mb = request.get("memory_mb")
+        if memory_mb:
+            data = int(memory_mb) * 1024 * 1024
+            resource.setrlimit(resource.RLIMIT_DATA, (data, data))
+        _set_stdin(request.get("stdin"))
+        if request.get("cells"):
+            status = run_cells(request_sock, int(request["cells"]))
+        else:
+            request_sock.close()
+            status = run_user_code(str(request["code"]))
+        _send_event({"type": "exit", "status": status})
+    finally:
+        os._exit(status)
+
+
+def _lower(limit: int, value: int) -> None:
+    _soft, hard = resource.getrlimit(limit)
+    if hard == resource.RLIM_INFINITY or hard > value:
+        try:
+            resource.setrlimit(limit, (value, value))
+        except (OSError, ValueError):
+            pass
+
+
+def _receive(sock: socket.socket, fds_wanted: int = 0) -> dict[str, Any]:
+    """One frame from the request socket, with ``fds_wanted`` descriptors installed on 1 and 2."""
+    header, fds = _recv_with_fds(sock, wire.FRAME_HEADER.size, fds_wanted)
+    (size,) = wire.FRAME_HEADER.unpack(header)
+    if size > wire.MAX_FRAME:
+        raise ValueError("request frame too large")
+    payload = bytearray()
+    while len(payload) < size:
+        chunk = sock.recv(min(size - len(payload), 1 << 20))
+        if not chunk:
+            raise EOFError("request socket closed")
+        payload += chunk
+    if fds:
+        for target, fd in zip((1, 2), fds, strict=False):
+            os.dup2(fd, target)
+            os.close(fd)
+    return wire.decode_payload(bytes(payload))
+
+
+def _recv_with_fds(sock: socket.socket, size: int, fds_wanted: int) -> tuple[bytes, list[int]]:
+    fds = array.array("i")
+    data = b""
+    while len(data) < size:
+        chunk, ancillary, _flags, _addr = sock.recvmsg(
+            size - len(data), socket.CMSG_SPACE(max(fds_wanted, 1) * 4)
+        )
+        if not chunk:
+            raise EOFError("request socket closed")
+        data += chunk
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    return data, list(fds)
+
+
+def _set_stdin(encoded: object) -> None:
+    if encoded is None:
+        return
+    data = wire.b64decode(encoded)
+    fd = os.memfd_create("stdin", 0)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.dup2(fd, 0)
+    os.close(fd)
+
+
+def _send_event(event: dict[str, Any]) -> None:
+    try:
+        data = wire.encode_frame(event)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(EVENTS_FD, view) :]
+    except OSError:
+        pass
+
+
+def _std_streams() -> None:
+    sys.stdin = sys.__stdin__ = io.TextIOWrapper(  # type: ignore[misc]
+        io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8"
+    )
+    sys.stdout = sys.__stdout__ = io.TextIOWrapper(  # type: ignore[misc]
+        io.BufferedWriter(io.FileIO(1, "w", closefd=False)), encoding="utf-8"
+    )
+    sys.stderr = sys.__stderr__ = io.TextIOWrapper(  # type: ignore[misc]
+        io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
+        encoding="utf-8",
+        errors="backslashreplace",
+        line_buffering=True,
+    )
+
+
+def _fresh_main() -> dict[str, Any]:
+    sys.argv = ["-c"]
+    reseed()
+    main = types.ModuleType("__main__")
+    sys.modules["__main__"] = main
+    return main.__dict__
+
+
+def run_user_code(source: str) -> int:
+    _std_streams()
+    namespace = _fresh_main()
+    status = 0
+    try:
+        code = compile(source, "<sandbox>", "exec")
+        exec(code, namespace)
+    except SystemExit as exc:
+        status = exit_status(exc)
+    except BaseException as exc:
+        _print_exception(exc, run_user_code.__code__)
+        status = 1
+    return _finish(status)
+
+
+def _print_exception(exc: BaseException, own_code: types.CodeType) -> None:
+    tb = exc.__traceback__
+    # Drop the driver's frame, so tracebacks start at "<sandbox>".
+    if tb is not None and tb.tb_frame.f_code is own_code:
+        tb = tb.tb_next
+    try:
+        exc.__traceback__ = tb  # excepthook prints the exception's own traceback
+        sys.excepthook(type(exc), exc, tb)
+    except BaseException:
+        pass
+
+
+def _finish(status: int) -> int:
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            try:
+                thread.join()
+            except BaseException:
+                pass
+    try:
+        import atexit
+
+        atexit._run_exitfuncs()
+    except BaseException:
+        pass
+    _flush()
+    return status
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+
+
+def run_cells(request_sock: socket.socket, count: int) -> int:
+    """Notebook mode: each cell arrives with fresh stdout/stderr pipes, after the last one ended.
+
+    The supervisor sends cell ``k + 1`` only once this process reported cell
+    ``k`` ended; each cell's output lands in its own pipes.
+    """
+    namespace = _fresh_main()
+    for index in range(count):
+        try:
+            cell = _receive(request_sock, fds_wanted=2)
+        except (EOFError, ValueError):
+            return 0
+        _std_streams()
+        display, error = [], []
+        try:
+            try:
+                value = _run_cell(str(cell.get("code", "")), namespace, index)
+                if value is not None:
+                    display.append({"text/plain": _safe_repr(value)})
+            except SystemExit:
+                raise
+            except BaseException as exc:
+                error.append(_error_record(exc))
+                _print_exception(exc, _run_cell.__code__)
+        except SystemExit as exc:
+            _flush()
+            return exit_status(exc)
+        _flush()
+        os.close(1)  # this cell's pipes end here (stray writers keep only their own copies)
+        os.close(2)
+        _send_event({"type": "cell_end", "index": index, "display": display, "error": error})
+    return _finish(0)
+
+
+def _run_cell(source: str, namespace: dict[str, Any], index: int) -> Any:
+    import ast
+
+    tree = ast.parse(source, f"<cell {index}>", "exec")
+    last = tree.body[-1] if tree.body else None
+    if isinstance(last, ast.Expr):
+        body = ast.Module(body=tree.body[:-1], type_ignores=[])
+        exec(compile(body, f"<cell {index}>", "exec"), namespace)
+        expression = ast.Expression(body=last.value)
+        return eval(compile(expression, f"<cell {index}>", "eval"), namespace)
+    exec(compile(tree, f"<cell {index}>", "exec"), namespace)
+    return None
+
+
+def _safe_repr(value: Any) -> str:
+    try:
+        return repr(value)[: 1 << 16]
+    except BaseException as exc:
+        return f"<repr failed: {type(exc).__name__}>"
+
+
+def _error_record(exc: BaseException) -> dict[str, Any]:
+    try:
+        lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    except BaseException:
+        lines = []
+    try:
+        evalue = str(exc)[: 1 << 12]
+    except BaseException:
+        evalue = ""
+    return {"ename": type(exc).__name__, "evalue": evalue, "traceback": lines[-50:]}
+
+
+def exit_status(exc: SystemExit) -> int:
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    try:
+        print(code, file=sys.stderr)
+    except BaseException:
+        pass
+    return 1
+
+
+def reseed() -> None:
+    random.seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        try:
+            numpy.random.seed()
+        except Exception:
+            pass
