@@ -288,8 +288,9 @@ def _receive(sock: socket.socket, fds_wanted: int = 0) -> dict[str, Any]:
         payload += chunk
     if fds:
         for target, fd in zip((1, 2), fds, strict=False):
-            os.dup2(fd, target)
-            os.close(fd)
+            if fd != target:  # received descriptors take the lowest free numbers: maybe 1 and 2
+                os.dup2(fd, target)
+                os.close(fd)
     return wire.decode_payload(bytes(payload))
 
 
@@ -365,15 +366,15 @@ def run_user_code(source: str) -> int:
     except SystemExit as exc:
         status = exit_status(exc)
     except BaseException as exc:
-        _print_exception(exc, run_user_code.__code__)
+        _print_exception(exc)
         status = 1
     return _finish(status)
 
 
-def _print_exception(exc: BaseException, own_code: types.CodeType) -> None:
+def _print_exception(exc: BaseException) -> None:
     tb = exc.__traceback__
-    # Drop the driver's frame, so tracebacks start at "<sandbox>".
-    if tb is not None and tb.tb_frame.f_code is own_code:
+    # Drop the driver's frames, so tracebacks start at "<sandbox>" (or "<cell N>").
+    while tb is not None and not tb.tb_frame.f_code.co_filename.startswith("<"):
         tb = tb.tb_next
     try:
         exc.__traceback__ = tb  # excepthook prints the exception's own traceback
@@ -430,7 +431,7 @@ def run_cells(request_sock: socket.socket, count: int) -> int:
                 raise
             except BaseException as exc:
                 error.append(_error_record(exc))
-                _print_exception(exc, _run_cell.__code__)
+                _print_exception(exc)
         except SystemExit as exc:
             _flush()
             return exit_status(exc)
@@ -463,8 +464,11 @@ def _safe_repr(value: Any) -> str:
 
 
 def _error_record(exc: BaseException) -> dict[str, Any]:
+    tb = exc.__traceback__
+    while tb is not None and not tb.tb_frame.f_code.co_filename.startswith("<"):
+        tb = tb.tb_next
     try:
-        lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
+        lines = traceback.format_exception(type(exc), exc, tb)
     except BaseException:
         lines = []
     try:
