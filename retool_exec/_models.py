@@ -143,6 +143,13 @@ class ExecResult(BaseModel):
             detail=detail,
         )
 
+    def __hash__(self) -> int:
+        # Hashable like the seed's result although ``files``/``cells`` are containers:
+        # equal results have equal seed fields, so hashing those is consistent.
+        return hash(
+            (self.ok, self.stdout, self.stderr, self.returncode, self.timed_out, self.latency)
+        )
+
     @property
     def truncated(self) -> bool:
         """Whether either stream lost characters to the output cap."""

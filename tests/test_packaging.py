@@ -33,19 +33,20 @@ def test_wheel_ships_py_typed_agent_and_image_files(tmp_path: Path) -> None:
     [wheel] = tmp_path.glob("retool_exec-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "retool_exec/py.typed" in names
-    assert "retool_exec/backends/docker/agent.py" in names
+    assert "retool_exec/backends/docker/agent/wire.py" in names
+    assert "retool_exec/backends/docker/agent/supervisor.py" in names
     assert "retool_exec/backends/docker/image_files/packages.txt" in names
     assert "retool_exec/backends/docker/image_files/build-rootfs.sh" in names
     assert any(n.endswith("entry_points.txt") for n in names)
 
 
 def test_agent_imports_nothing_from_the_package() -> None:
-    """The agent is copied alone into the image: it must stand on the standard library."""
-    tree = ast.parse((ROOT / "retool_exec/backends/docker/agent.py").read_text())
+    """The agent is packed alone into the image: it must stand on the standard library."""
     imported = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            imported.add(node.module.split(".")[0])
+    for path in (ROOT / "retool_exec/backends/docker/agent").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add(node.module.split(".")[0])
     assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported

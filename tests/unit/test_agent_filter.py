@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from retool_exec.backends.docker import agent
+from retool_exec.backends.docker.agent import identity as agent
+from retool_exec.backends.docker.agent import supervisor
 
 ALLOW, DENY = agent.SECCOMP_RET_ALLOW, agent.SECCOMP_RET_ERRNO | agent.ENOSYS
 
@@ -76,16 +77,18 @@ def test_identities_must_be_non_root() -> None:
 
 
 def test_agent_options_are_exact() -> None:
-    options = agent.parse_options(["agent.py", "--agent-user", "1:1", "--preload", "numpy"])
+    options = supervisor.parse_options(["agent.py", "--agent-user", "1:1", "--preload", "numpy"])
     assert options == {"agent-user": "1:1", "preload": "numpy"}
     with pytest.raises(ValueError):
-        agent.parse_options(["agent.py", "--preload"])
+        supervisor.parse_options(["agent.py", "--preload"])
     with pytest.raises(ValueError):
-        agent.parse_options(["agent.py", "numpy"])
+        supervisor.parse_options(["agent.py", "numpy"])
 
 
 def test_start_refuses_unknown_options_and_shared_uids() -> None:
     with pytest.raises(ValueError, match="unknown"):
-        agent.start(["agent.py", "--bogus", "1"])
+        supervisor.start(["agent.py", "--bogus", "1"])
     with pytest.raises(ValueError, match="different uids"):
-        agent.start(["agent.py", "--agent-user", "5:5", "--sandbox-user", "5:5"])
+        supervisor.start(["agent.py", "--agent-user", "5:5", "--sandbox-user", "5:5"])
+    with pytest.raises(ValueError, match="different uids"):
+        supervisor.start(["agent.py", "--zygote-user", "6:6", "--sandbox-user", "6:6"])

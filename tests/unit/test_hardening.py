@@ -53,7 +53,7 @@ def test_no_capabilities_no_new_privileges_not_privileged() -> None:
     hc = spec().host_config
     assert hc["cap_drop"] == ["ALL"]
     # Only what the agent needs to set calls apart; the calls drop all of it.
-    assert hc["cap_add"] == ["KILL", "SETGID", "SETUID", "SETPCAP"]
+    assert hc["cap_add"] == ["SETGID", "SETUID", "SETPCAP"]  # no KILL: calls die by uid
     assert hc["security_opt"] == ["no-new-privileges"]
     assert hc["privileged"] is False
 
@@ -62,14 +62,18 @@ def test_agent_starts_as_root_and_is_told_to_split_users() -> None:
     s = spec()
     assert s.create["user"] == "0:0"
     command = s.create["command"]
-    assert command[:4] == ["--agent-user", "65533:65533", "--sandbox-user", "65534:65534"]
+    assert command[:6] == [
+        "--agent-user", "65533:65533",
+        "--zygote-user", "65532:65532",
+        "--sandbox-user", "65534:65534",
+    ]  # fmt: skip
     assert s.create["hostname"] == "sandbox"
 
 
 def test_pid1_is_the_agent_not_docker_init() -> None:
     s = spec()
     assert s.host_config["init"] is False
-    assert s.create["entrypoint"][-1] == "/opt/retool_exec/agent.py"
+    assert s.create["entrypoint"][-1] == "/opt/retool_exec/agent.pyz"
     assert "-I" in s.create["entrypoint"]
 
 
@@ -160,3 +164,16 @@ def test_runc_gets_no_nproc_limit_because_it_would_count_the_whole_host() -> Non
     hc = spec(pids=64).host_config
     assert hc["pids_limit"] == 64
     assert all(u["Name"] != "nproc" for u in hc["ulimits"])
+
+
+def test_each_container_gets_its_own_calls_uid_recorded_in_a_label() -> None:
+    from retool_exec.backends.docker.hardening import with_sandbox_uid
+
+    base = spec()
+    one = with_sandbox_uid(base, 250_001, "uid-label")
+    command = one.create["command"]
+    assert command[command.index("--sandbox-user") + 1] == "250001:250001"
+    assert one.create["labels"]["uid-label"] == "250001"
+    assert base.create["command"] != command  # the shared spec is not changed
+    with pytest.raises(ValueError):
+        with_sandbox_uid(base, 65534, "uid-label")

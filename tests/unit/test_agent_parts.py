@@ -1,0 +1,114 @@
+"""The agent's pure parts without Docker: the wire rules, the bounded reset, the baseline."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from retool_exec.backends.base import RunRequest
+from retool_exec.backends.docker.agent import reset, wire
+
+
+@given(st.text(max_size=300))
+def test_a_checked_path_never_leaves_the_working_directory(path: str) -> None:
+    try:
+        checked = wire.check_relative_path(path)
+    except ValueError:
+        return
+    assert not checked.startswith("/")
+    assert ".." not in checked.split("/")
+    assert "" not in checked.split("/")
+    assert os.path.normpath(os.path.join("/w", checked)).startswith("/w/")
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["", "/etc/passwd", "../x", "a/../../x", "a\x00b", "a\nb", ".", "x" * 2000, "a/" + "b" * 300],
+)
+def test_bad_paths_are_refused(bad: str) -> None:
+    with pytest.raises(ValueError):
+        wire.check_relative_path(bad)
+
+
+def test_uploads_are_validated_before_anything_runs() -> None:
+    with pytest.raises(ValueError, match="both a file and a directory"):
+        RunRequest(code="", timeout=1, files={"a": b"1", "a/b": b"2"})
+    with pytest.raises(ValueError, match="at most"):
+        RunRequest(code="", timeout=1, files={f"f{i}": b"" for i in range(wire.MAX_FILES + 1)})
+    with pytest.raises(ValueError, match="either code or cells"):
+        RunRequest(code="x", timeout=1, cells=("y",))
+    request = RunRequest(code="", timeout=1, files={"./a//b": b"1"}, fetch=["x", "./x"])
+    assert dict(request.files) == {"a/b": b"1"} and request.fetch == ("x",)
+
+
+def test_frames_round_trip_and_refuse_garbage() -> None:
+    message = {"type": "run", "code": "print('\udcff')", "n": 1}
+    decoder = wire.FrameDecoder()
+    frame = wire.encode_frame(message)
+    assert decoder.feed(frame[:3]) == [] and decoder.feed(frame[3:]) == [message]
+    with pytest.raises(wire.WireError):
+        wire.FrameDecoder(max_frame=10).feed(b"\x00\x00\x01\x00")
+    with pytest.raises(wire.WireError):
+        wire.FrameDecoder().feed(b"\x00\x00\x00\x02[]")
+
+
+def _deep_tree(root: Path, depth: int, name: str) -> None:
+    fd = os.open(root, os.O_RDONLY)
+    for index in range(depth):
+        os.mkdir(name, dir_fd=fd)
+        child = os.open(name, os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = child
+        if index % 250 == 0:
+            os.close(os.open("f", os.O_WRONLY | os.O_CREAT, dir_fd=fd))
+    os.close(fd)
+
+
+def test_reset_empties_a_1500_deep_tree_of_long_names_without_recursion(tmp_path: Path) -> None:
+    _deep_tree(tmp_path, 1500, "d" * 200)  # 300,000 characters of path: past PATH_MAX
+    (tmp_path / "link").symlink_to("/etc")
+    reset.empty_directory(str(tmp_path), time.monotonic() + 30)
+    assert os.listdir(tmp_path) == []
+    assert Path("/etc/hostname").exists() or Path("/etc").is_dir()  # the link was not followed
+
+
+def test_reset_gives_up_at_its_budget(tmp_path: Path) -> None:
+    _deep_tree(tmp_path, 300, "d")
+    with pytest.raises(reset.BudgetExceeded):
+        reset.empty_directory(str(tmp_path), time.monotonic() - 1)
+
+
+def test_baseline_comparison_names_what_is_not_back() -> None:
+    baseline: dict[str, object] = {
+        "space:/tmp": (100 << 20, 1000),
+        "space:/dev/shm": (64 << 20, 500),
+        "net:tcp": 0,
+        "net:unix": 2,
+        "memory": ("cgroup1", 50 << 20),
+        "fds": 8,
+    }
+    assert reset.compare(baseline, dict(baseline)) == []
+    degraded = {
+        **baseline,
+        "space:/tmp": (60 << 20, 1000),
+        "net:unix": 6,
+        "net:tcp": 1,
+        "memory": ("cgroup1", 250 << 20),
+        "fds": 9,
+    }
+    problems = " ".join(reset.compare(baseline, degraded))
+    for expected in ("/tmp", "unix", "tcp", "MiB of memory", "descriptor"):
+        assert expected in problems
+    within = {**baseline, "memory": ("cgroup1", (50 << 20) + reset.MEMORY_TOLERANCE)}
+    assert reset.compare(baseline, within) == []
+
+
+def test_measure_reads_this_machine() -> None:
+    facts = reset.measure()
+    assert isinstance(facts["fds"], int) and facts["fds"] > 0
+    assert isinstance(facts["net:unix"], int | None)
