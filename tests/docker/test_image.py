@@ -41,7 +41,7 @@ def test_tag_is_content_addressed_and_stable() -> None:
 
 def test_tag_changes_when_any_input_changes(monkeypatch: pytest.MonkeyPatch) -> None:
     real = image_mod._read_build_inputs()
-    assert set(real) == {"packages.txt", "build-rootfs.sh", "agent.py"}
+    assert set(real) == {"packages.txt", "build-rootfs.sh", "agent.pyz"}
     base = image_mod.image_tag()
     seen = {base}
     for name in real:
@@ -52,6 +52,16 @@ def test_tag_changes_when_any_input_changes(monkeypatch: pytest.MonkeyPatch) -> 
         seen.add(tag)
     monkeypatch.setattr(image_mod, "_read_build_inputs", lambda: real)
     assert image_mod.image_tag() == base
+
+
+def test_the_agent_zipapp_is_reproducible_and_holds_every_module() -> None:
+    import io
+    import zipfile
+
+    first, second = image_mod.agent_zipapp(), image_mod.agent_zipapp()
+    assert first == second
+    names = set(zipfile.ZipFile(io.BytesIO(first)).namelist())
+    assert {"__main__.py", "agent/wire.py", "agent/supervisor.py", "agent/zygote.py"} <= names
 
 
 def test_tag_changes_with_the_format_version(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -183,7 +193,7 @@ def test_image_configuration(client: docker.DockerClient, built: tuple[ImageInfo
     config = client.images.get(info.tag).attrs["Config"]
     assert config["User"] == "65534:65534"
     assert config["WorkingDir"] == "/tmp"
-    assert config["Entrypoint"] == ["/usr/bin/python3", "-I", "-B", "/opt/retool_exec/agent.py"]
+    assert config["Entrypoint"] == ["/usr/bin/python3", "-I", "-B", "/opt/retool_exec/agent.pyz"]
     assert "PATH=/usr/local/bin:/usr/bin:/bin" in config["Env"]
     assert "LANG=C.UTF-8" in config["Env"]
     assert config["Labels"] == {
@@ -230,13 +240,13 @@ def test_agent_is_the_packaged_one_read_only_to_nobody(
 ) -> None:
     code = (
         "import hashlib, os, stat\n"
-        "p = '/opt/retool_exec/agent.py'\n"
+        "p = '/opt/retool_exec/agent.pyz'\n"
         "st = os.stat(p)\n"
         "print(hashlib.sha256(open(p, 'rb').read()).hexdigest(), oct(stat.S_IMODE(st.st_mode)),"
         " st.st_uid, st.st_gid, os.access(p, os.W_OK), os.path.isdir('/tmp'))\n"
     )
     out = _run(client, built[0].tag, ["/usr/bin/python3", "-I", "-B", "-c", code])
-    expected = hashlib.sha256(image_mod.agent_source_path().read_bytes()).hexdigest()
+    expected = hashlib.sha256(image_mod.agent_zipapp()).hexdigest()
     assert out.split() == [expected, "0o644", "0", "0", "False", "True"]
 
 
