@@ -32,7 +32,7 @@ T = TypeVar("T")
 
 _HOW_TO_START = (
     "Start Docker (e.g. `sudo systemctl start docker`; on a bare Debian machine "
-    "`bash ../shared/ci/docker-up` or `make docker-up` installs and starts it), "
+    "`make docker-up` (images/docker-up.sh in the repository) installs and starts it), "
     "or point DOCKER_HOST at a running daemon."
 )
 
