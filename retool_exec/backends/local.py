@@ -18,20 +18,54 @@ seed gets wrong:
 - the code travels over stdin, not argv, so 10 MB of code does not hit the
   kernel's argument-size limit (the seed raised ``OSError: E2BIG``);
 - a background process that keeps the pipes open cannot hold the call open.
+
+A request's inputs and outputs other than the code are handled by the host,
+outside the child, so nothing the code prints can change them:
+
+- ``stdin``: the child's stdin holds exactly those bytes (an unlinked
+  temporary file); without it, stdin is ``/dev/null`` as before.
+- ``files`` / ``fetch``: a fresh working directory, the child's cwd, is made
+  for the call; the files are written into it before the child starts
+  (every component created relative to its parent's descriptor,
+  ``O_NOFOLLOW | O_EXCL``), and the fetched ones are read back after the
+  child ended and its process group is dead (``O_NOFOLLOW`` on every
+  component, non-blocking opens, regular files only, at most
+  ``wire.MAX_FETCH_BYTES`` in all). Without files or fetch the child runs in
+  the host's cwd, as in the seed.
+- ``cells`` (notebook mode): one interpreter runs the cells in order in one
+  ``__main__``. The host hands over one cell at a time on a socket, each with
+  a fresh pair of stdout/stderr pipes (passed as descriptors) that the host
+  reads for that cell alone; the child answers on the socket when the cell
+  is over, with its displayed value or exception. ``cell_timeout`` sends
+  SIGINT (a ``KeyboardInterrupt`` in the cell), then SIGKILLs the group after
+  a second; the process ending in a cell ends the call, and that cell is
+  reported unfinished. ``SystemExit`` in a cell is an error of that cell, as
+  in IPython; ``os._exit`` ends the process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import json
+import math
 import os
+import shutil
 import signal
+import socket
+import stat
+import tempfile
 import time
+from collections.abc import Iterator, Mapping
+from typing import IO, Any
 
-from retool_exec._models import ExecResult, classify_exit
+from retool_exec._formatting import truncate_tail
+from retool_exec._models import CellResult, ExecResult, classify_exit
 from retool_exec._output import TailBuffer, read_cap_bytes
 from retool_exec.backends.base import Backend, RunRequest
 from retool_exec.backends.config import LocalConfig
+from retool_exec.backends.docker.agent import wire
 
 __all__ = ["CHILD_ENV_OVERRIDES", "LocalSubprocessBackend"]
 
@@ -44,16 +78,19 @@ CHILD_ENV_OVERRIDES = {
 """The seed's four variables: one numeric-library thread per sandboxed process."""
 
 # Runs in the child. The code arrives on stdin (never in argv or a shell);
-# stdin is then pointed at /dev/null, and the helper removes itself from
-# __main__ before the code runs, so the namespace is as clean as the seed's.
-# Errors are printed without this bootstrap's own frame, so a traceback
-# starts at File "<sandbox>" exactly as in the Docker backend.
+# stdin is then pointed at the request's stdin (an inherited descriptor) or
+# /dev/null, and the helper removes itself from __main__ before the code runs,
+# so the namespace is as clean as the seed's. Errors are printed without this
+# bootstrap's own frame, so a traceback starts at File "<sandbox>" exactly as
+# in the Docker backend.
 _BOOTSTRAP = (
     "def _retool_boot():\n"
     "    import os, resource, sys\n"
     "    resource.setrlimit(resource.RLIMIT_CPU, ({cpu}, {cpu}))\n"
     "    source = sys.stdin.buffer.read()\n"
-    "    fd = os.open(os.devnull, os.O_RDONLY)\n"
+    "    fd = {stdin_fd}\n"
+    "    if fd < 0:\n"
+    "        fd = os.open(os.devnull, os.O_RDONLY)\n"
     "    os.dup2(fd, 0)\n"
     "    os.close(fd)\n"
     "    try:\n"
@@ -71,8 +108,124 @@ _BOOTSTRAP = (
     "    raise SystemExit(1) from None\n"
 )
 
+# Runs in the child in notebook mode. The host sends each cell as an 8-byte
+# header (index, size) carrying two descriptors (the cell's stdout and stderr
+# pipes), then the cell's UTF-8 source; the driver puts the pipes on fds 1
+# and 2, runs the cell, puts the driver's own streams back, and answers with a
+# length-prefixed JSON object {"display": [...], "error": [...]}. An EOF on the
+# socket means there are no more cells. SIGINT interrupts a cell only while it
+# runs (the host sends it when the cell's time is up).
+_NOTEBOOK = (
+    "def _retool_notebook(fd, cap):\n"
+    "    import ast, json, os, resource, signal, socket, sys, traceback\n"
+    "    resource.setrlimit(resource.RLIMIT_CPU, ({cpu}, {cpu}))\n"
+    "    main = globals()\n"
+    "    channel = socket.socket(fileno=fd)\n"
+    "    armed = [False]\n"
+    "    def interrupt(signum, frame):\n"
+    "        if armed[0]:\n"
+    "            armed[0] = False\n"
+    "            raise KeyboardInterrupt\n"
+    "    signal.signal(signal.SIGINT, interrupt)\n"
+    "    def receive(size):\n"
+    "        chunks = []\n"
+    "        while size > 0:\n"
+    "            chunk = channel.recv(min(size, 1 << 20))\n"
+    "            if not chunk:\n"
+    "                return None\n"
+    "            chunks.append(chunk)\n"
+    "            size -= len(chunk)\n"
+    "        return b''.join(chunks)\n"
+    "    def flush():\n"
+    "        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):\n"
+    "            try:\n"
+    "                stream.flush()\n"
+    "            except BaseException:\n"
+    "                pass\n"
+    "    def cut(text):\n"
+    "        if len(text) <= cap:\n"
+    "            return text\n"
+    "        kept = text[-cap:] if cap > 0 else ''\n"
+    "        return f'[... truncated {{len(text) - cap}} chars ...]\\n{{kept}}'\n"
+    "    def run_cell(index, source):\n"
+    "        filename = f'<cell {{index + 1}}>'\n"
+    "        display, error = [], []\n"
+    "        try:\n"
+    "            try:\n"
+    "                signal.signal(signal.SIGINT, interrupt)\n"
+    "                armed[0] = True\n"
+    "                tree = ast.parse(source, filename)\n"
+    "                last = None\n"
+    "                if tree.body and isinstance(tree.body[-1], ast.Expr):\n"
+    "                    last = tree.body.pop()\n"
+    "                exec(compile(tree, filename, 'exec'), main)\n"
+    "                if last is not None:\n"
+    "                    expression = ast.Expression(last.value)\n"
+    "                    value = eval(compile(expression, filename, 'eval'), main)\n"
+    "                    if value is not None:\n"
+    "                        display.append({{'text/plain': cut(repr(value))}})\n"
+    "            finally:\n"
+    "                armed[0] = False\n"
+    "        except BaseException as exc:\n"
+    "            armed[0] = False\n"
+    "            try:\n"
+    "                tb = own_frames_out(exc.__traceback__)\n"
+    "                if isinstance(exc, SyntaxError):\n"
+    "                    tb = None\n"
+    "                lines = traceback.format_exception(type(exc), exc, tb)\n"
+    "                evalue = str(exc)\n"
+    "            except BaseException:\n"
+    "                lines, evalue = [type(exc).__name__ + '\\n'], '<unprintable>'\n"
+    "            error.append({{'ename': type(exc).__name__, 'evalue': cut(evalue),\n"
+    "                          'traceback': [cut(line) for line in lines[-200:]]}})\n"
+    "        return {{'display': display, 'error': error}}\n"
+    "    def own_frames_out(tb):\n"
+    "        kept = []\n"
+    "        while tb is not None:\n"
+    "            if tb.tb_frame.f_code not in (run_cell.__code__, interrupt.__code__):\n"
+    "                kept.append(tb)\n"
+    "            tb = tb.tb_next\n"
+    "        for here, after in zip(kept, kept[1:] + [None]):\n"
+    "            here.tb_next = after\n"
+    "        return kept[0] if kept else None\n"
+    "    saved = os.dup(1), os.dup(2)\n"
+    "    while True:\n"
+    "        header, fds, _flags, _address = socket.recv_fds(channel, 8, 2)\n"
+    "        if len(header) < 8:\n"
+    "            rest = receive(8 - len(header)) if header else None\n"
+    "            if rest is None:\n"
+    "                return\n"
+    "            header += rest\n"
+    "        source = receive(int.from_bytes(header[4:], 'big'))\n"
+    "        if source is None or len(fds) != 2:\n"
+    "            return\n"
+    "        flush()\n"
+    "        os.dup2(fds[0], 1)\n"
+    "        os.dup2(fds[1], 2)\n"
+    "        os.close(fds[0])\n"
+    "        os.close(fds[1])\n"
+    "        result = run_cell(int.from_bytes(header[:4], 'big'),\n"
+    "                          source.decode('utf-8', 'surrogatepass'))\n"
+    "        flush()\n"
+    "        try:\n"
+    "            os.dup2(saved[0], 1)\n"
+    "            os.dup2(saved[1], 2)\n"
+    "        except OSError:\n"
+    "            pass\n"
+    "        answer = json.dumps(result).encode('ascii')\n"
+    "        channel.sendall(len(answer).to_bytes(4, 'big') + answer)\n"
+    "globals().pop('_retool_notebook')({fd}, {cap})\n"
+)
+
 _PIPE_GRACE = 0.25
 """Seconds to collect output still in the pipes after the process group is gone."""
+_INTERRUPT_GRACE = 1.0
+"""Seconds a cell past its ``cell_timeout`` has to stop after SIGINT before the group is killed."""
+_LAST_WORDS = 0.1
+"""Seconds to wait for a cell's answer already on its way when the process is seen to end."""
+_MAX_ANSWER_BYTES = 64 * 1024 * 1024
+"""Largest answer the notebook driver may send for one cell."""
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class LocalSubprocessBackend(Backend):
@@ -89,48 +242,131 @@ class LocalSubprocessBackend(Backend):
 
     async def run(self, request: RunRequest) -> ExecResult:
         started = time.perf_counter()
+        with contextlib.ExitStack() as cleanup:
+            try:
+                workdir = _Workdir.create(request.files) if request.files or request.fetch else None
+            except OSError as exc:
+                return _failure(f"could not write the call's files: {exc}", started)
+            if workdir is not None:
+                cleanup.callback(workdir.remove)
+            try:
+                stdin = _stdin_file(request.stdin)
+            except OSError as exc:
+                return _failure(f"could not store the call's stdin: {exc}", started)
+            if stdin is not None:
+                cleanup.enter_context(stdin)
+            if request.cells:
+                result = await self._run_cells(request, started, workdir, stdin)
+            else:
+                result = await self._run_code(request, started, workdir, stdin)
+            if workdir is not None and request.fetch:
+                files, errors = workdir.fetch(request.fetch, wire.MAX_FETCH_BYTES)
+                result = result.model_copy(update={"files": files, "fetch_errors": errors})
+            return result
+
+    async def _run_code(
+        self,
+        request: RunRequest,
+        started: float,
+        workdir: _Workdir | None,
+        stdin: IO[bytes] | None,
+    ) -> ExecResult:
         loop = asyncio.get_running_loop()
         capture = _Capture(loop, read_cap_bytes(self.config.max_output_chars))
+        bootstrap = _BOOTSTRAP.format(
+            cpu=request.cpu_seconds, stdin_fd=-1 if stdin is None else stdin.fileno()
+        )
         try:
             transport, _ = await loop.subprocess_exec(
                 lambda: capture,
                 self.config.python,
                 "-B",
                 "-c",
-                _BOOTSTRAP.format(cpu=request.cpu_seconds),
+                bootstrap,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 env=self._child_env(),
                 start_new_session=True,
+                cwd=None if workdir is None else workdir.path,
+                pass_fds=() if stdin is None else (stdin.fileno(),),
             )
         except OSError as exc:
             return _failure(f"could not start {self.config.python!r}: {exc}", started)
 
         timed_out = False
         try:
-            stdin = transport.get_pipe_transport(0)
-            if stdin is not None:
-                stdin.write(request.code.encode("utf-8", errors="surrogatepass"))  # type: ignore[attr-defined]
-                stdin.close()
+            pipe = transport.get_pipe_transport(0)
+            if pipe is not None:
+                pipe.write(request.code.encode("utf-8", errors="surrogatepass"))  # type: ignore[attr-defined]
+                pipe.close()
             try:
                 await asyncio.wait_for(asyncio.shield(capture.exited), request.timeout)
             except TimeoutError:
                 timed_out = True
         finally:
-            _kill_group(transport.get_pid())
-            try:
-                await asyncio.shield(capture.exited)
-                # Output still in the pipes arrives at once; a stray process that
-                # escaped the group and holds the pipes open gets a short grace only.
-                await asyncio.wait([capture.pipes_closed], timeout=_PIPE_GRACE)
-            finally:
-                transport.close()
+            await _end(transport, capture)
 
+        returncode = None if timed_out else transport.get_returncode()
+        return self._result(capture, returncode, timed_out, started)
+
+    async def _run_cells(
+        self,
+        request: RunRequest,
+        started: float,
+        workdir: _Workdir | None,
+        stdin: IO[bytes] | None,
+    ) -> ExecResult:
+        loop = asyncio.get_running_loop()
+        limit = self.config.max_output_chars
+        capture = _Capture(loop, read_cap_bytes(limit))
+        host, child = socket.socketpair()
+        with host:
+            with child:
+                driver = _NOTEBOOK.format(cpu=request.cpu_seconds, fd=child.fileno(), cap=limit)
+                try:
+                    transport, _ = await loop.subprocess_exec(
+                        lambda: capture,
+                        self.config.python,
+                        "-B",
+                        "-c",
+                        driver,
+                        stdin=asyncio.subprocess.DEVNULL if stdin is None else stdin.fileno(),
+                        stdout=asyncio.subprocess.PIPE,
+                        stderr=asyncio.subprocess.PIPE,
+                        env=self._child_env(),
+                        start_new_session=True,
+                        cwd=None if workdir is None else workdir.path,
+                        pass_fds=(child.fileno(),),
+                    )
+                except OSError as exc:
+                    return _failure(f"could not start {self.config.python!r}: {exc}", started)
+            host.setblocking(False)
+            notebook = _Notebook(loop, transport, capture, host, limit)
+            deadline = loop.time() + request.timeout
+            try:
+                await notebook.run(request.cells, _cell_limit(request.cell_timeout), deadline)
+                host.close()  # no more cells: the driver returns and the interpreter exits
+                if not notebook.killed:
+                    remaining = max(0.0, deadline - loop.time())
+                    try:
+                        await asyncio.wait_for(asyncio.shield(capture.exited), remaining)
+                    except TimeoutError:
+                        notebook.timed_out = True
+            finally:
+                await _end(transport, capture)
+
+        timed_out = notebook.timed_out
+        returncode = None if timed_out else transport.get_returncode()
+        result = self._result(capture, returncode, timed_out, started)
+        return result.model_copy(update={"cells": notebook.cells})
+
+    def _result(
+        self, capture: _Capture, returncode: int | None, timed_out: bool, started: float
+    ) -> ExecResult:
         limit = self.config.max_output_chars
         out_text, out_dropped = capture.stdout.finish(limit)
         err_text, err_dropped = capture.stderr.finish(limit)
-        returncode = None if timed_out else transport.get_returncode()
         return ExecResult(
             ok=not timed_out and returncode == 0,
             stdout=out_text,
@@ -171,6 +407,405 @@ class _Capture(asyncio.SubprocessProtocol):
     def process_exited(self) -> None:
         if not self.exited.done():
             self.exited.set_result(None)
+
+
+async def _end(transport: asyncio.SubprocessTransport, capture: _Capture) -> None:
+    """Kill the process group, wait for the process, collect the pipes' last output."""
+    _kill_group(transport.get_pid())
+    try:
+        await asyncio.shield(capture.exited)
+        # Output still in the pipes arrives at once; a stray process that
+        # escaped the group and holds the pipes open gets a short grace only.
+        await asyncio.wait([capture.pipes_closed], timeout=_PIPE_GRACE)
+    finally:
+        transport.close()
+
+
+# -- notebook mode -------------------------------------------------------------------
+
+
+class _Notebook:
+    """The host's side of one notebook call: hands over cells, times them, reads their output."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        transport: asyncio.SubprocessTransport,
+        capture: _Capture,
+        channel: socket.socket,
+        limit: int,
+    ) -> None:
+        self._loop = loop
+        self._transport = transport
+        self._capture = capture
+        self._channel = channel
+        self._limit = limit
+        self.cells: list[CellResult] = []
+        self.timed_out = False
+        """The notebook's time passed, or a cell's did and the process had to be killed."""
+        self.killed = False
+
+    async def run(self, cells: tuple[str, ...], cell_limit: float, deadline: float) -> None:
+        for index, source in enumerate(cells):
+            if self._capture.exited.done() or self._loop.time() >= deadline:
+                if not self._capture.exited.done():
+                    self.timed_out = True
+                    self._kill()
+                return
+            cell = await self._run_one(index, source, cell_limit, deadline)
+            if cell is None:
+                return
+            self.cells.append(cell)
+            if not cell.finished:
+                return
+
+    async def _run_one(
+        self, index: int, source: str, cell_limit: float, deadline: float
+    ) -> CellResult | None:
+        """One cell's result, or None when it could not be handed over (the process is gone)."""
+        out, err = _PipeTail(self._loop, self._limit), _PipeTail(self._loop, self._limit)
+        try:
+            payload = source.encode("utf-8", "surrogatepass")
+            header = index.to_bytes(4, "big") + len(payload).to_bytes(4, "big")
+            try:
+                socket.send_fds(self._channel, [header], [out.write_fd, err.write_fd])
+            except OSError:
+                return None
+            finally:
+                out.close_write()
+                err.close_write()
+            answer, timed_out = await self._exchange(payload, cell_limit, deadline)
+        finally:
+            stdout, stdout_dropped = out.finish()
+            stderr, stderr_dropped = err.finish()
+        display, error = _answer_fields(answer, self._limit) if answer is not None else ([], [])
+        return CellResult(
+            stdout=stdout,
+            stderr=stderr,
+            stdout_dropped_chars=stdout_dropped,
+            stderr_dropped_chars=stderr_dropped,
+            display=display,
+            error=error,
+            finished=answer is not None,
+            timed_out=timed_out,
+        )
+
+    async def _exchange(
+        self, payload: bytes, cell_limit: float, deadline: float
+    ) -> tuple[dict[str, Any] | None, bool]:
+        """Send the cell's source and wait for its answer: (the answer or None, timed out)."""
+        exchange = asyncio.ensure_future(self._send_and_read(payload))
+        exited = self._capture.exited
+        cell_deadline = self._loop.time() + cell_limit
+        interrupted_at: float | None = None
+        try:
+            while True:
+                now = self._loop.time()
+                if now >= deadline:
+                    self.timed_out = True
+                    self._kill()
+                    return None, interrupted_at is not None
+                if interrupted_at is None and now >= cell_deadline:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(self._transport.get_pid(), signal.SIGINT)
+                    interrupted_at = now
+                if interrupted_at is not None and now >= interrupted_at + _INTERRUPT_GRACE:
+                    self.timed_out = True
+                    self._kill()
+                    return None, True
+                wake = min(
+                    deadline,
+                    cell_deadline if interrupted_at is None else interrupted_at + _INTERRUPT_GRACE,
+                )
+                waiting: set[asyncio.Future[Any]] = {exchange, exited}
+                await asyncio.wait(waiting, timeout=wake - now, return_when=asyncio.FIRST_COMPLETED)
+                if exited.done() and not exchange.done():
+                    # An answer sent just before the end may still be in the socket.
+                    await asyncio.wait({exchange}, timeout=_LAST_WORDS)
+                if exchange.done():
+                    answer = None if exchange.cancelled() else _result_or_none(exchange)
+                    if answer is None and not exited.done():
+                        self._kill()  # the driver broke the protocol: end the call
+                    return answer, interrupted_at is not None
+                if exited.done():
+                    return None, interrupted_at is not None
+        finally:
+            if not exchange.done():
+                exchange.cancel()
+                with contextlib.suppress(asyncio.CancelledError, OSError):
+                    await exchange
+
+    async def _send_and_read(self, payload: bytes) -> dict[str, Any] | None:
+        try:
+            await self._loop.sock_sendall(self._channel, payload)
+            size = await self._receive(4)
+            if size is None or int.from_bytes(size, "big") > _MAX_ANSWER_BYTES:
+                return None
+            data = await self._receive(int.from_bytes(size, "big"))
+        except OSError:
+            return None
+        if data is None:
+            return None
+        try:
+            answer = json.loads(data)
+        except ValueError:
+            return None
+        return answer if isinstance(answer, dict) else None
+
+    async def _receive(self, size: int) -> bytes | None:
+        chunks: list[bytes] = []
+        while size > 0:
+            chunk = await self._loop.sock_recv(self._channel, min(size, 1 << 20))
+            if not chunk:
+                return None
+            chunks.append(chunk)
+            size -= len(chunk)
+        return b"".join(chunks)
+
+    def _kill(self) -> None:
+        self.killed = True
+        _kill_group(self._transport.get_pid())
+
+
+class _PipeTail:
+    """One cell's stream: a pipe whose write end goes to the child, read here into a tail."""
+
+    _DRAIN_READS = 1024
+    """Most reads when a cell ends (data written before its answer is at most a pipe's worth)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int) -> None:
+        self._loop = loop
+        self._limit = limit
+        self._buffer = TailBuffer(read_cap_bytes(limit))
+        self._read_fd, self.write_fd = os.pipe()
+        os.set_blocking(self._read_fd, False)
+        self._reading = True
+        loop.add_reader(self._read_fd, self._read_some)
+
+    def _read_some(self) -> bool:
+        """Read what is there; False once nothing more will come now (EOF or empty)."""
+        try:
+            data = os.read(self._read_fd, 1 << 16)
+        except BlockingIOError:
+            return False
+        except OSError:
+            data = b""
+        if not data:
+            self._stop_reading()
+            return False
+        self._buffer.feed(data)
+        return True
+
+    def _stop_reading(self) -> None:
+        if self._reading:
+            self._reading = False
+            self._loop.remove_reader(self._read_fd)
+
+    def close_write(self) -> None:
+        if self.write_fd >= 0:
+            os.close(self.write_fd)
+            self.write_fd = -1
+
+    def finish(self) -> tuple[str, int]:
+        """Everything the cell wrote (what is already in the pipe), as text and chars dropped."""
+        self.close_write()
+        if self._reading:
+            for _ in range(self._DRAIN_READS):
+                if not self._read_some():
+                    break
+            self._stop_reading()
+        if self._read_fd >= 0:
+            os.close(self._read_fd)
+            self._read_fd = -1
+        return self._buffer.finish(self._limit)
+
+
+def _cell_limit(cell_timeout: float | None) -> float:
+    if cell_timeout is None or not math.isfinite(cell_timeout) or cell_timeout <= 0:
+        return math.inf
+    return cell_timeout
+
+
+def _result_or_none(task: asyncio.Future[dict[str, Any] | None]) -> dict[str, Any] | None:
+    if task.exception() is not None:
+        return None
+    return task.result()
+
+
+def _answer_fields(
+    answer: Mapping[str, Any], limit: int
+) -> tuple[list[dict[str, str]], list[dict[str, Any]]]:
+    """The driver's display and error lists, checked and bounded (nothing else is taken)."""
+    display: list[dict[str, str]] = []
+    for item in answer.get("display") or ():
+        if isinstance(item, dict) and isinstance(item.get("text/plain"), str):
+            display.append({"text/plain": _bounded(item["text/plain"], limit)})
+    error: list[dict[str, Any]] = []
+    for item in answer.get("error") or ():
+        if not isinstance(item, dict):
+            continue
+        trace = item.get("traceback")
+        error.append(
+            {
+                "ename": _bounded(str(item.get("ename", "")), 200),
+                "evalue": _bounded(str(item.get("evalue", "")), limit),
+                "traceback": [
+                    _bounded(line, limit)
+                    for line in (trace if isinstance(trace, list) else [])[-200:]
+                    if isinstance(line, str)
+                ],
+            }
+        )
+    return display, error
+
+
+def _bounded(text: str, limit: int) -> str:
+    """``text`` as valid UTF-8 text, cut to ``limit`` characters by the seed's rule if longer
+    (a string the driver already cut, marker included, passes unchanged)."""
+    text = text.encode("utf-8", "replace").decode("utf-8")
+    return text if len(text) <= limit + 40 else truncate_tail(text, limit)
+
+
+# -- stdin and files -------------------------------------------------------------------
+
+
+def _stdin_file(data: bytes | None) -> IO[bytes] | None:
+    """An unlinked temporary file holding exactly ``data``, positioned at its start."""
+    if data is None:
+        return None
+    handle = tempfile.TemporaryFile()  # noqa: SIM115 - the caller closes it after the call
+    try:
+        handle.write(data)
+        handle.flush()
+        handle.seek(0)
+    except BaseException:
+        handle.close()
+        raise
+    return handle
+
+
+class _Workdir:
+    """A fresh directory for one call: files written in before, read back after, then removed.
+
+    The host keeps a descriptor of the directory, so the code renaming or
+    replacing it changes nothing about what is read back; every path below
+    it is walked one component at a time with ``O_NOFOLLOW``.
+    """
+
+    def __init__(self, path: str, fd: int) -> None:
+        self.path = path
+        self._fd = fd
+
+    @classmethod
+    def create(cls, files: Mapping[str, bytes]) -> _Workdir:
+        path = tempfile.mkdtemp(prefix="retool-exec-")
+        try:
+            workdir = cls(path, os.open(path, _DIR_FLAGS))
+        except BaseException:
+            os.rmdir(path)
+            raise
+        try:
+            for name, content in files.items():
+                workdir._write(name, content)
+        except BaseException:
+            workdir.remove()
+            raise
+        return workdir
+
+    def _write(self, name: str, content: bytes) -> None:
+        *parents, leaf = name.split("/")
+        with self._walk(parents, create=True) as parent:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(leaf, flags, 0o644, dir_fd=parent)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(content)
+
+    @contextlib.contextmanager
+    def _walk(self, parts: list[str], *, create: bool = False) -> Iterator[int]:
+        """A descriptor of the directory ``parts`` below the root, no link followed."""
+        fd = os.dup(self._fd)
+        try:
+            for part in parts:
+                if create:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(part, 0o755, dir_fd=fd)
+                child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = child
+            yield fd
+        finally:
+            os.close(fd)
+
+    def fetch(self, paths: tuple[str, ...], budget: int) -> tuple[dict[str, bytes], dict[str, str]]:
+        """The files found (within ``budget`` bytes in all) and why the others were not."""
+        files: dict[str, bytes] = {}
+        errors: dict[str, str] = {}
+        for path in paths:
+            data = self._read(path, budget)
+            if isinstance(data, str):
+                errors[path] = data
+            else:
+                files[path] = data
+                budget -= len(data)
+        return files, errors
+
+    def _read(self, path: str, budget: int) -> bytes | str:
+        """The file's bytes, or a short reason it is not returned."""
+        *parents, leaf = path.split("/")
+        try:
+            with self._walk(parents) as parent:
+                flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
+                fd = os.open(leaf, flags, dir_fd=parent)
+        except FileNotFoundError:
+            return "not found"
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+                return "a symbolic link or non-directory is in the way; not followed"
+            return f"cannot open: {exc.strerror}"
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                return "not a regular file"
+            if info.st_size > budget:
+                return f"{info.st_size} bytes; {budget} bytes of fetch budget left"
+            chunks: list[bytes] = []
+            size = 0
+            while size <= budget:
+                chunk = os.read(fd, min(1 << 20, budget + 1 - size))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+            if size > budget:
+                return f"more than the {budget} bytes of fetch budget left"
+            return b"".join(chunks)
+        except OSError as exc:
+            return f"cannot read: {exc.strerror}"
+        finally:
+            os.close(fd)
+
+    def remove(self) -> None:
+        """Delete the directory and all the code left in it (idempotent)."""
+        if self._fd < 0:
+            return
+        os.close(self._fd)
+        self._fd = -1
+        _remove_tree(self.path)
+
+
+def _remove_tree(path: str) -> None:
+    """``rmtree`` that first reopens directories the code made unreadable; links never followed."""
+    if os.path.islink(path) or not os.path.isdir(path):
+        return  # the code moved its working directory away: nothing of ours is left there
+    with contextlib.suppress(OSError):
+        os.chmod(path, 0o700)
+    for top, dirs, _files in os.walk(path):
+        for name in dirs:
+            child = os.path.join(top, name)
+            if not os.path.islink(child):
+                with contextlib.suppress(OSError):
+                    os.chmod(child, 0o700)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _kill_group(pid: int) -> None:

@@ -2,6 +2,10 @@
 
 One test class, parametrized over local, docker-fresh, docker-reuse and
 docker+runsc through the ``sandbox`` fixture (see conftest.py).
+
+``stdin``, ``files``, ``fetch`` and notebook ``cells`` are handled by the
+backend outside the code's process; the tests for them say what every
+backend must do, whatever the code prints.
 """
 
 from __future__ import annotations
@@ -16,9 +20,36 @@ import uuid
 
 import pytest
 
-from retool_exec import ExecResult, Outcome, Sandbox
+from retool_exec import ExecResult, Outcome, RunRequest, Sandbox
 
 TIMEOUT_GRACE = 1.0
+INTERRUPT_GRACE = 1.0
+"""Seconds a cell past its ``cell_timeout`` has after the interrupt before it is killed."""
+
+
+def run_request(sandbox: Sandbox, request: RunRequest) -> ExecResult:
+    """Run ``request`` on the sandbox's own loop (``run_code`` has no ``cells=``)."""
+    portal = sandbox._ensure_portal()
+    return portal.submit(sandbox._run(request, time.perf_counter())).result()
+
+
+def run_cells(
+    sandbox: Sandbox,
+    *cells: str,
+    timeout: float = 10.0,
+    cell_timeout: float | None = None,
+    files: dict[str, bytes] | None = None,
+    fetch: tuple[str, ...] = (),
+) -> ExecResult:
+    request = RunRequest(
+        code="",
+        cells=cells,
+        timeout=timeout,
+        cell_timeout=cell_timeout,
+        files=files or {},
+        fetch=fetch,
+    )
+    return run_request(sandbox, request)
 
 
 class TestBackendContract:
@@ -194,3 +225,237 @@ class TestBackendContract:
         assert metrics["sandbox/error_rate"] == 0.25
         assert metrics["sandbox/timeout_rate"] == 0.25
         assert metrics["sandbox/latency"] > 0
+
+    # -- stdin ---------------------------------------------------------------------
+
+    def test_stdin_holds_exactly_the_given_bytes(self, sandbox: Sandbox) -> None:
+        data = b"first line\nsecond \x00 \xff\n" * 3
+        result = sandbox.run_code("import sys\nprint(sys.stdin.buffer.read())", stdin=data)
+        assert result.stdout == f"{data!r}\n", result
+
+    def test_stdin_serves_input_and_then_eof(self, sandbox: Sandbox) -> None:
+        code = "print(input())\nprint(input())\ntry:\n    input()\nexcept EOFError:\n    print('.')"
+        assert sandbox.run_code(code, stdin="a\nb c\n").stdout == "a\nb c\n.\n"
+
+    def test_without_stdin_it_is_empty(self, sandbox: Sandbox) -> None:
+        assert sandbox.run_code("import sys\nprint(repr(sys.stdin.read()))").stdout == "''\n"
+
+    def test_large_stdin_is_delivered_whole(self, sandbox: Sandbox) -> None:
+        data = bytes(range(256)) * 8192  # 2 MiB, far past a pipe's buffer
+        code = "import sys, hashlib\nprint(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())"
+        import hashlib
+
+        assert sandbox.run_code(code, stdin=data).stdout == hashlib.sha256(data).hexdigest() + "\n"
+
+    def test_unread_stdin_does_not_hold_the_call(self, sandbox: Sandbox) -> None:
+        result = sandbox.run_code("print('done')", stdin=b"x" * (4 * 1024 * 1024))
+        assert (result.ok, result.stdout) == (True, "done\n")
+
+    # -- files in, files out -------------------------------------------------------------
+
+    def test_files_are_written_before_and_fetched_after(self, sandbox: Sandbox) -> None:
+        code = (
+            "import os\n"
+            "print(open('in/data.csv').read().upper(), end='')\n"
+            "assert open('blob.bin', 'rb').read() == bytes(range(256))\n"
+            "os.makedirs('out', exist_ok=True)\n"
+            "open('out/result.bin', 'wb').write(bytes(range(255, -1, -1)))\n"
+        )
+        result = sandbox.run_code(
+            code,
+            files={"in/data.csv": "a,b\n1,2\n", "blob.bin": bytes(range(256))},
+            fetch=["out/result.bin", "./in/data.csv"],
+        )
+        assert result.ok, result
+        assert result.stdout == "A,B\n1,2\n"
+        assert result.files == {
+            "out/result.bin": bytes(range(255, -1, -1)),
+            "in/data.csv": b"a,b\n1,2\n",
+        }
+        assert result.fetch_errors == {}
+
+    def test_uploaded_files_are_in_the_working_directory(self, sandbox: Sandbox) -> None:
+        code = "import os\nprint(os.path.isfile('only.txt'), os.path.isdir('sub'))"
+        result = sandbox.run_code(code, files={"only.txt": b"1", "sub/x": b"2"})
+        assert result.stdout == "True True\n", result
+
+    def test_files_are_fetched_after_an_error_a_timeout_and_os_exit(self, sandbox: Sandbox) -> None:
+        write = "open('partial.txt', 'w').write('so far')\n"
+        endings = {
+            "error": "raise ValueError('late')",
+            "os._exit": "import os\nos._exit(0)",
+            "timeout": "import time\ntime.sleep(30)",
+        }
+        for name, ending in endings.items():
+            result = sandbox.run_code(write + ending, fetch=["partial.txt"], timeout=1.5)
+            assert result.files == {"partial.txt": b"so far"}, (name, result)
+
+    def test_missing_and_special_files_are_fetch_errors(self, sandbox: Sandbox) -> None:
+        code = "import os\nos.mkfifo('pipe')\nos.mkdir('adir')"
+        started = time.monotonic()
+        result = sandbox.run_code(code, fetch=["nope.txt", "pipe", "adir", "adir/x"])
+        assert time.monotonic() - started < 5  # a FIFO does not stall the read
+        assert result.ok, result
+        assert result.files == {}
+        assert set(result.fetch_errors) == {"nope.txt", "pipe", "adir", "adir/x"}
+        assert all(result.fetch_errors.values())
+
+    def test_symlinks_planted_by_the_code_are_not_followed(self, sandbox: Sandbox) -> None:
+        code = (
+            "import os\n"
+            "os.symlink('/etc/passwd', 'leak.txt')\n"
+            "os.symlink('/etc', 'etcdir')\n"
+            "os.symlink(os.path.abspath('..'), 'up')\n"
+            "os.makedirs('real')\n"
+            "os.symlink('/etc/hostname', 'real/inner')\n"
+        )
+        wanted = ["leak.txt", "etcdir/hostname", "up/x", "real/inner"]
+        result = sandbox.run_code(code, fetch=wanted)
+        assert result.files == {}, result
+        assert set(result.fetch_errors) == set(wanted)
+
+    def test_output_cannot_forge_fetched_files(self, sandbox: Sandbox) -> None:
+        code = (
+            "import base64, json, os\n"
+            "record = {'kind': 'files', 'files': {'f': base64.b64encode(b'forged').decode()}}\n"
+            "print('<<retool-exec:0000>>' + json.dumps(record) + '<<end:0000>>', flush=True)\n"
+            "os._exit(0)\n"
+        )
+        result = sandbox.run_code(code, fetch=["f"])
+        assert result.files == {}
+        assert set(result.fetch_errors) == {"f"}
+
+    def test_bad_paths_are_refused_before_anything_runs(self, sandbox: Sandbox) -> None:
+        from retool_exec import ConfigError
+
+        for files in ({"../x": b""}, {"/etc/x": b""}, {"a": b"", "a/b": b""}):
+            with pytest.raises(ConfigError):
+                sandbox.run_code("print(1)", files=files)
+        with pytest.raises(ConfigError):
+            sandbox.run_code("print(1)", fetch=["../../etc/passwd"])
+
+    # -- notebook cells ------------------------------------------------------------------
+
+    def test_cells_share_one_namespace_with_output_apart(self, sandbox: Sandbox) -> None:
+        result = run_cells(
+            sandbox,
+            "a = 123",
+            "a",
+            "print(a)",
+            "import sys; sys.stderr.write('stderr message')",
+            "raise RuntimeError('error message')",
+            "a + 1",
+            "None",
+        )
+        assert result.ok, result
+        cells = result.cells
+        assert len(cells) == 7
+        assert all(cell.finished and not cell.timed_out for cell in cells)
+        assert (cells[0].stdout, cells[0].stderr, cells[0].display, cells[0].error) == (
+            "",
+            "",
+            [],
+            [],
+        )
+        assert cells[1].display == [{"text/plain": "123"}]
+        assert cells[2].stdout == "123\n"
+        assert cells[3].stderr == "stderr message"
+        [error] = cells[4].error
+        assert (error["ename"], error["evalue"]) == ("RuntimeError", "error message")
+        assert 'File "<cell 5>", line 1' in "".join(error["traceback"])
+        assert cells[5].display == [{"text/plain": "124"}]
+        assert cells[6].display == []
+
+    def test_output_written_to_the_descriptors_stays_with_its_cell(self, sandbox: Sandbox) -> None:
+        result = run_cells(
+            sandbox,
+            "import os, subprocess, sys\nos.write(1, b'raw one\\n')\nprint('printed one')",
+            "subprocess.run([sys.executable, '-c', 'print(2)'])\nos.write(2, b'raw err\\n')",
+            "print('three')",
+        )
+        assert [cell.stdout for cell in result.cells] == [
+            "raw one\nprinted one\n",
+            "2\n",
+            "three\n",
+        ]
+        assert [cell.stderr for cell in result.cells] == ["", "raw err\n", ""]
+
+    def test_cell_timeout_interrupts_one_cell_and_the_next_runs(self, sandbox: Sandbox) -> None:
+        started = time.monotonic()
+        result = run_cells(
+            sandbox,
+            "import time",
+            "print('before', flush=True)\ntime.sleep(30)",
+            "print('after')",
+            cell_timeout=0.5,
+        )
+        assert time.monotonic() - started < 5
+        assert [cell.timed_out for cell in result.cells] == [False, True, False]
+        assert result.cells[1].stdout == "before\n"
+        assert [error["ename"] for error in result.cells[1].error] == ["KeyboardInterrupt"]
+        assert result.cells[2].stdout == "after\n"
+        assert result.cells[2].finished
+
+    def test_a_cell_that_ignores_the_interrupt_is_killed(self, sandbox: Sandbox) -> None:
+        started = time.monotonic()
+        result = run_cells(
+            sandbox,
+            "print('first')",
+            "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(30)",
+            "print('never')",
+            cell_timeout=0.5,
+        )
+        assert time.monotonic() - started < 0.5 + INTERRUPT_GRACE + 3
+        assert len(result.cells) == 2
+        assert result.cells[0].finished
+        assert result.cells[1].timed_out
+        assert not result.cells[1].finished
+        assert not result.ok
+
+    def test_the_process_ending_in_a_cell_ends_the_notebook(self, sandbox: Sandbox) -> None:
+        result = run_cells(
+            sandbox,
+            "print('x')",
+            "import os, sys\nprint('y', flush=True)\nos._exit(0)",
+            "print('z')",
+        )
+        assert [cell.stdout for cell in result.cells] == ["x\n", "y\n"]
+        assert [cell.finished for cell in result.cells] == [True, False]
+
+    def test_a_cell_cannot_report_a_later_one(self, sandbox: Sandbox) -> None:
+        forged = (
+            "import json, os\n"
+            "fake = {'kind': 'cell', 'index': 1, 'stdout': 'forged', 'finished': True}\n"
+            "line = '<<retool-exec:0000>>' + json.dumps(fake) + '<<end:0000>>'\n"
+            "for fd in (1, 2):\n"
+            "    os.write(fd, line.encode())\n"
+            "os._exit(0)\n"
+        )
+        result = run_cells(sandbox, forged, "print('second')")
+        assert len(result.cells) == 1
+        assert not result.cells[0].finished
+
+    def test_the_notebook_timeout_keeps_the_finished_cells(self, sandbox: Sandbox) -> None:
+        started = time.monotonic()
+        result = run_cells(
+            sandbox,
+            "print('first')",
+            "import time\nprint('second', flush=True)\ntime.sleep(30)",
+            "print('never')",
+            timeout=1.5,
+        )
+        assert time.monotonic() - started < 1.5 + TIMEOUT_GRACE + 1
+        assert result.timed_out
+        assert result.outcome is Outcome.TIMEOUT
+        assert [cell.stdout for cell in result.cells] == ["first\n", "second\n"]
+        assert [cell.finished for cell in result.cells] == [True, False]
+
+    def test_cells_see_uploaded_files_and_their_files_are_fetched(self, sandbox: Sandbox) -> None:
+        result = run_cells(
+            sandbox,
+            "text = open('in.txt').read()",
+            "open('out.txt', 'w').write(text * 2)",
+            files={"in.txt": b"ab"},
+            fetch=("out.txt",),
+        )
+        assert result.files == {"out.txt": b"abab"}, result
