@@ -5,6 +5,11 @@ result (or to a string, taken as stdout of a successful run), and your
 training-loop tests run without Python subprocesses or Docker.
 
     sandbox = Sandbox(backend=FakeBackend(lambda req: "5\\n"))
+
+The handler sees the whole ``RunRequest`` (``stdin``, ``files``, ``fetch``,
+``cells``, ...); a test that needs fetched files or notebook cells back
+returns an ``ExecResult`` with ``files``/``fetch_errors``/``cells`` set, since
+a plain string answer carries stdout only.
 """
 
 from __future__ import annotations
