@@ -1,9 +1,9 @@
 """Network: the sandbox has no way to the host or anywhere else.
 
-The rule for these probes (design/security-catalogue.md): code that may run on
-the local backend really runs on this host, so it only ever contacts
-listeners the audit itself opened on the host's 127.0.0.1 (and an abstract
-unix socket it named), and never any other address or real DNS name. That a
+The rule for these probes: code that may run on the local backend really
+runs on this host, so it only ever contacts listeners the audit itself
+opened on the host's 127.0.0.1 (and an abstract unix socket it named), and
+never any other address or real DNS name. That a
 non-loopback destination is unreachable is shown without sending anything:
 only ``lo`` exists and the routing tables are empty, so the kernel has
 nowhere to send a packet. The one name looked up is
@@ -138,7 +138,7 @@ CASES: tuple[Case, ...] = (
             and set(obs.facts()["localhost"]) <= {"127.0.0.1", "::1"}
         ),
         severity=Severity.HIGH,
-        reference="DNS exfiltration from sandboxes; the catalogue's rule for network probes",
+        reference="DNS exfiltration from sandboxes; only the reserved .invalid name is looked up",
         catalogue=(14,),
     ),
     Case(
