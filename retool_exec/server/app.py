@@ -71,7 +71,7 @@ def create_app(
     closes it: it is yours), or a backend name, config or ``Backend`` from
     which the app builds its own sandbox at startup and closes at shutdown.
     A sandbox the app builds keeps ``settings.sandbox_output_chars`` of each
-    stream, so fetched files and cell records fit beside the code's output.
+    stream; answers are cut from that tail.
     ``prefix`` overrides ``settings.prefix``.
     """
     settings = settings or ServerSettings()

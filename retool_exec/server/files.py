@@ -1,11 +1,18 @@
-"""Checking ``files`` and ``fetch_files`` before anything runs.
+"""Checking ``files`` and ``fetch_files`` before anything runs, and the files coming back.
 
-Files never touch the server's disk: their contents travel inside the program
-sent to the sandbox, which writes them under its own fresh working directory
-(see ``_inbox.py``). Here the server only refuses what it must not pass on:
-paths that are absolute, climb out with ``..``, contain NUL or are empty;
-contents that are not base64; and sizes past the configured caps. Each refusal
-is a ``RequestRejected`` that the app turns into HTTP 4xx with the reason.
+Files never touch the server's disk: the server decodes them and hands them to
+the backend in the ``RunRequest``, and the backend writes them into the
+call's fresh working directory before the code starts and reads the fetched
+ones back after it ended, outside the code's process (so nothing the code
+prints can add, change or hide a file). Here the server only refuses what it
+must not pass on: paths that are absolute, climb out with ``..``, contain a
+control character or are empty; contents that are not base64; and sizes past
+the configured caps. Each refusal is a ``RequestRejected`` that the app turns
+into HTTP 4xx with the reason.
+
+As SandboxFusion does, an entry of ``files`` whose content is null or whose
+name contains ``IGNORE_THIS_FILE`` is skipped, not written (its path is not
+checked either).
 """
 
 from __future__ import annotations
@@ -15,12 +22,21 @@ import binascii
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from retool_exec._models import ExecResult
+from retool_exec.backends.docker.agent import wire
 from retool_exec.server.settings import ServerSettings
 
-__all__ = ["FileSpec", "RequestRejected", "check_files", "normalize_path"]
+__all__ = [
+    "IGNORED_MARKER",
+    "FileSpec",
+    "RequestRejected",
+    "check_files",
+    "fetched_files",
+    "normalize_path",
+]
 
-_MAX_PATH_CHARS = 1024
-_MAX_COMPONENT_CHARS = 255
+IGNORED_MARKER = "IGNORE_THIS_FILE"
+"""An upload whose name contains this is skipped (SandboxFusion's convention)."""
 
 
 class RequestRejected(ValueError):
@@ -33,45 +49,40 @@ class RequestRejected(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class FileSpec:
-    """Validated file traffic for one request, ready to embed in the sandbox program."""
+    """Validated file traffic for one request, ready for a ``RunRequest``."""
 
-    uploads: dict[str, str]
-    """Normalized relative path → base64 content."""
+    uploads: dict[str, bytes]
+    """Normalized relative path → decoded content."""
     fetch: list[tuple[str, str]]
     """(path as the client wrote it, normalized relative path), in request order."""
 
     @property
-    def empty(self) -> bool:
-        """Whether the request moves no files at all."""
-        return not self.uploads and not self.fetch
+    def fetch_paths(self) -> tuple[str, ...]:
+        """The normalized paths to fetch, each once, in request order."""
+        return tuple(dict.fromkeys(path for _, path in self.fetch))
 
 
 def normalize_path(path: object) -> str:
     """The confined relative form of a client's path, or ``RequestRejected``.
 
-    ``./a//b.txt`` becomes ``a/b.txt``; absolute paths, ``..``, NUL, and paths
-    that name the working directory itself are refused.
+    ``./a//b.txt`` becomes ``a/b.txt``; absolute paths, ``..``, control
+    characters, and paths that name the working directory itself are refused
+    (``wire.check_relative_path``, the rule every backend applies).
     """
     if not isinstance(path, str):
         raise RequestRejected(f"file path {path!r} is not a string", status=422)
-    shown = repr(path[:80])
     if not path:
         raise RequestRejected("file path is empty", status=422)
-    if len(path) > _MAX_PATH_CHARS:
-        raise RequestRejected(f"file path {shown} is longer than {_MAX_PATH_CHARS} characters")
-    if "\x00" in path:
-        raise RequestRejected(f"file path {shown} contains a NUL character")
-    if path.startswith("/"):
-        raise RequestRejected(f"file path {shown} is absolute; paths are relative to the sandbox")
-    parts = [part for part in path.split("/") if part not in {"", "."}]
-    if ".." in parts:
-        raise RequestRejected(f"file path {shown} contains '..'; paths must stay inside")
-    if not parts:
-        raise RequestRejected(f"file path {shown} names the working directory, not a file")
-    for part in parts:
-        if len(part.encode("utf-8", "surrogatepass")) > _MAX_COMPONENT_CHARS:
-            raise RequestRejected(f"file path {shown} has a component longer than 255 bytes")
-    return "/".join(parts)
+    try:
+        return wire.check_relative_path(path)
+    except ValueError as exc:
+        reason = str(exc)
+        if path.startswith("/"):
+            reason = (
+                f"file path {path[:80]!r} is absolute; paths are relative to the sandbox's "
+                "working directory, where the code runs"
+            )
+        raise RequestRejected(reason) from exc
 
 
 def check_files(
@@ -88,27 +99,26 @@ def check_files(
             f"{settings.max_files}",
             status=413,
         )
-    uploads: dict[str, str] = {}
+    uploads: dict[str, bytes] = {}
     total = 0
     for path, given in files.items():
-        normalized = normalize_path(path)
-        if given is None:  # SandboxFusion skips entries without content
+        if given is None or IGNORED_MARKER in path:  # skipped, as SandboxFusion does
             continue
-        content = "".join(given.split())  # wrapped base64 (``base64 -w76``) is fine
-        size = _decoded_size(path, content)
-        if size > settings.max_file_bytes:
+        normalized = normalize_path(path)
+        data = _decode(path, "".join(given.split()))  # wrapped base64 (``base64 -w76``) is fine
+        if len(data) > settings.max_file_bytes:
             raise RequestRejected(
-                f"file {path[:80]!r} is {size} bytes; the limit is {settings.max_file_bytes}",
+                f"file {path[:80]!r} is {len(data)} bytes; the limit is {settings.max_file_bytes}",
                 status=413,
             )
-        total += size
+        total += len(data)
         if total > settings.max_files_total_bytes:
             raise RequestRejected(
                 f"files total more than {settings.max_files_total_bytes} bytes", status=413
             )
         if normalized in uploads:
             raise RequestRejected(f"file path {path[:80]!r} is given twice")
-        uploads[normalized] = content
+        uploads[normalized] = data
     for normalized in uploads:
         parent = normalized.rpartition("/")[0]
         while parent:
@@ -119,9 +129,37 @@ def check_files(
     return FileSpec(uploads=uploads, fetch=fetch)
 
 
-def _decoded_size(path: str, content: str) -> int:
+def fetched_files(result: ExecResult, spec: FileSpec, budget: int) -> tuple[dict[str, str], str]:
+    """The fetched files (client name → base64) within ``budget`` bytes, and a note on the rest.
+
+    Everything comes from the backend's own read-back (``ExecResult.files`` and
+    ``fetch_errors``), never from what the code printed. A file that is missing
+    or refused is left out of the answer and named in the note, as is one past
+    the budget.
+    """
+    files: dict[str, str] = {}
+    problems: list[str] = []
+    for name, path in spec.fetch:
+        data = result.files.get(path)
+        if data is None:
+            reason = result.fetch_errors.get(path) or _not_returned(result)
+            problems.append(f"{name}: {reason}")
+        elif len(data) > budget:
+            problems.append(f"{name}: {len(data)} bytes; {budget} bytes of fetch budget left")
+        else:
+            budget -= len(data)
+            files[name] = base64.b64encode(data).decode("ascii")
+    return files, ("fetch_files: " + "; ".join(problems)) if problems else ""
+
+
+def _not_returned(result: ExecResult) -> str:
+    if result.infrastructure_failure:
+        return "not read back: the sandbox failed"
+    return "not returned by the sandbox"
+
+
+def _decode(path: str, content: str) -> bytes:
     try:
-        data = base64.b64decode(content.encode("ascii"), validate=True)
+        return base64.b64decode(content.encode("ascii"), validate=True)
     except (UnicodeEncodeError, binascii.Error) as exc:
         raise RequestRejected(f"file {path[:80]!r}: content is not valid base64 ({exc})") from exc
-    return len(data)

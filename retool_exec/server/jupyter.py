@@ -1,106 +1,115 @@
-"""``/run_jupyter`` without a Jupyter kernel: cells as one program, one record per cell.
+"""``/run_jupyter`` without a Jupyter kernel: the backend's notebook mode, in SandboxFusion's shape.
 
-Our calls are stateless, so a notebook request runs as ONE program in one
-sandbox: ``_inbox.run_cells`` executes each cell in a shared ``__main__``
-namespace, redirecting ``sys.stdout``/``sys.stderr`` into a per-cell tail
-buffer, shows the value of a final expression as ``{"text/plain": repr}``
-(as a kernel's ``execute_result`` would), records an exception as
-``{"ename", "evalue", "traceback"}`` and goes on with the next cell (as
-SandboxFusion's driver does), and writes each cell's record as soon as the
-cell ends, so a ``total_timeout`` kill keeps the cells that finished.
+Our calls are stateless, so a notebook request is ONE call in notebook mode
+(``RunRequest.cells``): the backend runs the cells in order in one
+interpreter sharing ``__main__``, captures each cell's stdout and stderr
+apart (on the cell's own file descriptors, so subprocesses and C extensions
+are attributed too), shows the value of a final expression as
+``{"text/plain": repr}`` (as a kernel's ``execute_result`` would), records an
+exception as ``{"ename", "evalue", "traceback"}`` and goes on with the next
+cell (as SandboxFusion's driver does).
 
-Limits of this design, documented in ``docs/server.md``: output written to
-file descriptors directly (subprocesses, C extensions) is not attributed to a
-cell and appears in ``driver.stdout``; ``cell_timeout`` is a ``SIGALRM`` in the
-cell, so code that catches every exception can swallow it (``total_timeout``
-still kills the whole program); a cell's output is cut to its share of the
-budget, and records pushed out of the sandbox's stdout tail are reported as
-lost.
+Which cells ran, and how each ended, is the backend's own record
+(``CellResult.finished``/``timed_out``), never something the code printed.
+The cells that finished are reported; the cell in which the interpreter
+ended (``os._exit``, a kill, ``total_timeout``) is reported with a
+``TimeoutError`` or ``DeadKernelError`` entry; the cells after it did not
+run and are left out, and ``message`` says how many did not finish.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from retool_exec.server.files import FileSpec
-from retool_exec.server.programs import Records
+from retool_exec._models import CellResult, ExecResult
+from retool_exec.server.results import cut_stream, outcome_message
 from retool_exec.server.schemas import CellRunResult
 
-__all__ = ["LOST_CELL", "cells_from_records", "cells_spec"]
+__all__ = ["DEAD_KERNEL", "TIMEOUT", "notebook_cells"]
 
-LOST_CELL = "OutputLost"
-"""``ename`` of the placeholder for a cell whose record did not come back."""
+TIMEOUT = "TimeoutError"
+"""``ename`` of a cell stopped by ``cell_timeout`` or ``total_timeout``."""
+DEAD_KERNEL = "DeadKernelError"
+"""``ename`` of the cell in which the interpreter ended (as nbclient names it)."""
 
 
-def cells_spec(
-    cells: list[str],
+def notebook_cells(
+    result: ExecResult,
+    total: int,
     *,
-    cell_timeout: float,
     cell_chars: int,
-    files: FileSpec,
-    nonce: str,
-    fetch_budget: int,
-) -> dict[str, Any]:
-    """The spec for ``_inbox.run_cells``."""
+    cell_timeout: float,
+    total_timeout: float,
+) -> tuple[list[CellRunResult], int, str]:
+    """The cells to report, how many finished, and a note on those that did not."""
+    cells = [
+        _cell(cell, result, cell_chars, cell_timeout, total_timeout)
+        for cell in result.cells[:total]
+    ]
+    finished = sum(1 for cell in result.cells[:total] if cell.finished)
+    note = f"{total - finished} of {total} cell(s) did not finish" if finished < total else ""
+    return cells, finished, note
+
+
+def _cell(
+    cell: CellResult, result: ExecResult, chars: int, cell_timeout: float, total_timeout: float
+) -> CellRunResult:
+    stdout, _ = cut_stream(_text(cell.stdout), cell.stdout_dropped_chars, chars)
+    stderr, _ = cut_stream(_text(cell.stderr), cell.stderr_dropped_chars, chars)
+    display = [
+        {"text/plain": cut_stream(_text(item["text/plain"]), 0, chars)[0]}
+        for item in cell.display
+        if isinstance(item.get("text/plain"), str)
+    ]
+    errors = [_error(item, chars) for item in cell.error]
+    if cell.timed_out:
+        trace = [line for error in errors for line in error["traceback"]]
+        errors = [
+            {
+                "ename": TIMEOUT,
+                "evalue": f"the cell ran longer than its {cell_timeout:g} s limit"
+                + ("" if cell.finished else " and was killed"),
+                "traceback": trace,
+            }
+        ]
+    elif not cell.finished:
+        if result.timed_out:
+            ename, evalue = TIMEOUT, f"the notebook ran longer than its {total_timeout:g} s limit"
+        else:
+            how = outcome_message(result) or f"exit status {result.returncode}"
+            ename, evalue = DEAD_KERNEL, f"the interpreter ended during this cell ({how})"
+        errors.append({"ename": ename, "evalue": evalue, "traceback": []})
+    return CellRunResult(stdout=stdout, stderr=stderr, display=display, error=errors)
+
+
+def _error(item: dict[str, Any], chars: int) -> dict[str, Any]:
+    trace = item.get("traceback")
+    lines = [
+        _text(line) for line in (trace if isinstance(trace, list) else []) if isinstance(line, str)
+    ]
     return {
-        "cells": list(cells),
-        "cell_timeout": cell_timeout,
-        "cell_chars": cell_chars,
-        "files": dict(files.uploads),
-        "fetch": [[name, path] for name, path in files.fetch],
-        "fetch_budget": fetch_budget,
-        "marker": nonce,
+        "ename": _text(str(item.get("ename", ""))),
+        "evalue": cut_stream(_text(str(item.get("evalue", ""))), 0, chars)[0],
+        "traceback": _tail_lines(lines, chars),
     }
 
 
-def cells_from_records(records: Records, total: int) -> tuple[list[CellRunResult], str]:
-    """Cell results in order, and a note on cells that are missing (empty if none).
-
-    Cells up to the last one that reported are listed; one whose record is
-    missing before that gets an ``OutputLost`` placeholder. Cells after it did
-    not finish (the program was killed or exited) and are left out.
-    """
-    by_index: dict[int, CellRunResult] = {}
-    for record in records.of_kind("cell"):
-        index = record.get("index")
-        if not isinstance(index, int) or not 0 <= index < total:
-            continue
-        try:
-            by_index[index] = CellRunResult.model_validate(_clean(record))
-        except ValueError:
-            continue
-    reported = max(by_index, default=-1) + 1
-    cells = [by_index.get(index) or _lost_cell() for index in range(reported)]
-    notes = []
-    lost = reported - len(by_index)
-    if lost:
-        notes.append(f"the output of {lost} cell(s) did not fit in the sandbox's output budget")
-    if reported < total:
-        notes.append(f"{total - reported} of {total} cell(s) did not finish")
-    return cells, "; ".join(notes)
+def _tail_lines(lines: list[str], chars: int) -> list[str]:
+    """The last lines that fit in ``chars`` characters, marked when some were cut."""
+    kept: list[str] = []
+    size = 0
+    for line in reversed(lines):
+        if size + len(line) > chars:
+            break
+        kept.append(line)
+        size += len(line)
+    kept.reverse()
+    dropped = sum(len(line) for line in lines) - size
+    if dropped:
+        kept.insert(0, f"[... truncated {dropped} chars ...]\n")
+    return kept
 
 
-def _lost_cell() -> CellRunResult:
-    return CellRunResult(
-        stdout="",
-        stderr="",
-        display=[],
-        error=[
-            {
-                "ename": LOST_CELL,
-                "evalue": "this cell's output did not fit in the sandbox's output budget",
-                "traceback": [],
-            }
-        ],
-    )
-
-
-def _clean(value: Any) -> Any:
-    """Replace lone surrogates (JSON allows them, UTF-8 does not) in every string."""
-    if isinstance(value, str):
-        return value.encode("utf-8", "replace").decode("utf-8")
-    if isinstance(value, list):
-        return [_clean(item) for item in value]
-    if isinstance(value, dict):
-        return {_clean(key): _clean(item) for key, item in value.items()}
-    return value
+def _text(value: str) -> str:
+    """Lone surrogates (JSON allows them, UTF-8 does not) replaced."""
+    return value.encode("utf-8", "replace").decode("utf-8")

@@ -1,11 +1,17 @@
-"""The server's work, without HTTP: limits, programs, the sandbox call, the answer.
+"""The server's work, without HTTP: limits, the sandbox call, the answer.
 
 ``SandboxService`` turns a parsed request into a response model. It clamps
-the client's limits to the server's, builds the program (the code itself, or
-the code wrapped by the inbox when stdin or files are involved), waits for a
-slot in the bounded queue, runs the program on the ``Sandbox`` and maps the
+the client's limits to the server's, checks the files, waits for a slot in
+the bounded queue, runs the call on the ``Sandbox`` and maps the
 ``ExecResult`` onto SandboxFusion's shape. The app (``app.py``) only parses
 bodies and serialises answers.
+
+Nothing the code prints has any authority: ``stdin``, ``files`` and
+``fetch_files`` travel in the ``RunRequest`` and are handled by the backend
+outside the code's process, and a notebook's cells are run and captured apart
+by the backend itself. The answer's status, message, files and cells are
+derived from the ``ExecResult``'s fields alone; the code's output is only
+ever copied into ``stdout``/``stderr`` as text.
 
 A failure of the sandbox itself never becomes an HTTP error: it is an answer
 with ``status: "SandboxError"`` and a message, as SandboxFusion gives, so a
@@ -14,32 +20,29 @@ trainer drops the sample instead of scoring the model for it.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import math
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator
 
+from retool_exec._errors import ConfigError
 from retool_exec._models import ExecResult, Outcome
 from retool_exec._sandbox import Sandbox
+from retool_exec.backends.base import RunRequest
 from retool_exec.server.admission import Admission
-from retool_exec.server.files import FileSpec, RequestRejected, check_files
-from retool_exec.server.jupyter import cells_from_records, cells_spec
-from retool_exec.server.programs import (
-    Records,
-    build_program,
-    code_spec,
-    extract_records,
-    new_nonce,
-)
+from retool_exec.server.files import RequestRejected, check_files, fetched_files
+from retool_exec.server.jupyter import notebook_cells
 from retool_exec.server.results import command_result, cut_stream, outcome_message, run_status
 from retool_exec.server.schemas import (
     CommandRunResult,
-    CommandRunStatus,
     ExecRequest,
     RunCodeRequest,
     RunCodeResponse,
     RunJupyterRequest,
     RunJupyterResponse,
+    RunStatus,
 )
 from retool_exec.server.settings import ServerSettings
 
@@ -81,31 +84,23 @@ class SandboxService:
         files = check_files(request.files, request.fetch_files, self.settings)
         timeout = self.clamp_timeout(request.run_timeout)
         memory = self.clamp_memory(request.memory_limit_MB)
-        nonce: str | None = None
-        program = request.code
-        if not files.empty or request.stdin:
-            nonce = new_nonce()
-            spec = code_spec(
+        stdin = None if request.stdin is None else request.stdin.encode("utf-8", "replace")
+        self._check_size(request.code)
+        with _bad_input():  # checked here, so a bad input is a 400 and never queues
+            RunRequest(code=request.code, timeout=timeout, stdin=stdin, files=files.uploads)
+        result = await self._run(
+            lambda: self.sandbox.arun_code(
                 request.code,
-                files=files,
-                stdin=request.stdin or None,
-                nonce=nonce,
-                fetch_budget=self.settings.max_fetch_bytes,
+                timeout=timeout,
+                memory_mb=memory,
+                stdin=stdin,
+                files=files.uploads,
+                fetch=files.fetch_paths,
             )
-            program = build_program("run", spec)
-        self._check_size(program)
-        result = await self._run(program, timeout, memory)
-        records = extract_records(result.stdout, nonce) if nonce else Records(text=result.stdout)
-        run_result = self._command(result, records)
-        notes = [outcome_message(result)]
-        setup = records.of_kind("setup_error")
-        if setup:
-            run_result = run_result.model_copy(
-                update={"status": CommandRunStatus.ERROR, "return_code": None}
-            )
-            notes.append(f"sandbox error: {setup[-1].get('error', 'could not write the files')}")
-        fetched, fetch_note = _fetched_files(records, files, result)
-        notes.append(fetch_note)
+        )
+        run_result = self._command(result)
+        fetched, fetch_note = fetched_files(result, files, self.settings.max_fetch_bytes)
+        notes = [outcome_message(result), fetch_note]
         response = RunCodeResponse(
             status=run_status(run_result),
             message="; ".join(note for note in notes if note),
@@ -115,51 +110,52 @@ class SandboxService:
             files=fetched,
             request_id=request.request_id,
         )
-        return response, Outcome.SANDBOX_ERROR if setup else result.outcome
+        return response, result.outcome
 
     # -- POST /run_jupyter -------------------------------------------------------
 
     async def run_jupyter(self, request: RunJupyterRequest) -> tuple[RunJupyterResponse, Outcome]:
-        """Run notebook cells in order in one sandbox; also returns the driver's outcome."""
+        """Run notebook cells in order in one sandbox; also returns the call's outcome."""
         if request.kernel.lower() not in {"python3", "python"}:
             raise RequestRejected(f"kernel {request.kernel[:40]!r} is not served; use 'python3'")
-        if len(request.cells) > self.settings.max_cells:
+        count = len(request.cells)
+        if count > self.settings.max_cells:
             raise RequestRejected(
-                f"{len(request.cells)} cells given; the server runs at most "
-                f"{self.settings.max_cells}",
+                f"{count} cells given; the server runs at most {self.settings.max_cells}",
                 status=413,
             )
         files = check_files(request.files, request.fetch_files, self.settings)
         total = self.clamp_timeout(request.total_timeout)
         cell_timeout = request.cell_timeout
         cell_timeout = min(cell_timeout, total) if math.isfinite(cell_timeout) else 0.0
-        nonce = new_nonce()
-        spec = cells_spec(
-            request.cells,
-            cell_timeout=max(0.0, cell_timeout),
-            cell_chars=max(128, self.settings.jupyter_output_chars // max(1, len(request.cells))),
-            files=files,
-            nonce=nonce,
-            fetch_budget=self.settings.max_fetch_bytes,
-        )
-        program = build_program("run_cells", spec)
-        self._check_size(program)
-        result = await self._run(program, total, self.clamp_memory(None))
-        records = extract_records(result.stdout, nonce)
-        driver = self._command(result, records)
-        notes = [outcome_message(result)]
-        setup = records.of_kind("setup_error")
-        if setup:
-            driver = driver.model_copy(
-                update={"status": CommandRunStatus.ERROR, "return_code": None}
+        cell_timeout = max(0.0, cell_timeout)
+        self._check_size("".join(request.cells))
+        with _bad_input():
+            call = RunRequest(
+                code="",
+                cells=tuple(request.cells),
+                cell_timeout=cell_timeout or None,
+                timeout=total,
+                memory_mb=self.clamp_memory(None),
+                files=files.uploads,
+                fetch=files.fetch_paths,
             )
-            notes.append(f"sandbox error: {setup[-1].get('error', 'could not write the files')}")
-        cells, cells_note = cells_from_records(records, len(request.cells))
-        notes.append(cells_note)
-        fetched, fetch_note = _fetched_files(records, files, result)
-        notes.append(fetch_note)
+        result = await self._run(lambda: self._run_request(call)) if count else _no_cells()
+        driver = self._command(result)
+        cells, finished, cells_note = notebook_cells(
+            result,
+            count,
+            cell_chars=max(128, self.settings.jupyter_output_chars // max(1, count)),
+            cell_timeout=cell_timeout,
+            total_timeout=total,
+        )
+        fetched, fetch_note = fetched_files(result, files, self.settings.max_fetch_bytes)
+        status = run_status(driver)
+        if status is RunStatus.SUCCESS and finished < count:
+            status = RunStatus.FAILED  # the interpreter ended before every cell had run
+        notes = [outcome_message(result), cells_note, fetch_note]
         response = RunJupyterResponse(
-            status=run_status(driver),
+            status=status,
             message="; ".join(note for note in notes if note),
             driver=driver,
             cells=cells,
@@ -167,15 +163,17 @@ class SandboxService:
             files=fetched,
             request_id=request.request_id,
         )
-        return response, Outcome.SANDBOX_ERROR if setup else result.outcome
+        return response, result.outcome
 
     # -- POST /v1/exec -------------------------------------------------------------
 
     async def exec(self, request: ExecRequest) -> ExecResult:
         """retool_exec's own call: an ExecResult, streams cut to ``output_chars``."""
         self._check_size(request.code)
+        timeout = self.clamp_timeout(request.timeout)
+        memory = self.clamp_memory(request.memory_mb)
         result = await self._run(
-            request.code, self.clamp_timeout(request.timeout), self.clamp_memory(request.memory_mb)
+            lambda: self.sandbox.arun_code(request.code, timeout=timeout, memory_mb=memory)
         )
         limit = self.settings.output_chars
         stdout, stdout_dropped = cut_stream(result.stdout, result.stdout_dropped_chars, limit)
@@ -215,16 +213,18 @@ class SandboxService:
     def _check_size(self, program: str) -> None:
         if len(program) > self.sandbox.max_code_chars:
             raise RequestRejected(
-                f"the program to run is {len(program)} characters; the sandbox accepts at most "
+                f"the code to run is {len(program)} characters; the sandbox accepts at most "
                 f"{self.sandbox.max_code_chars}",
                 status=413,
             )
 
-    async def _run(self, program: str, timeout: float, memory: int | None) -> ExecResult:
+    async def _run(self, call: Callable[[], Awaitable[ExecResult]]) -> ExecResult:
         async with self.admission.slot():
             started = time.perf_counter()
             try:
-                return await self.sandbox.arun_code(program, timeout=timeout, memory_mb=memory)
+                return await call()
+            except ConfigError as exc:  # checked before; kept as a 400 should it happen
+                raise RequestRejected(str(exc)) from exc
             except Exception as exc:  # the sandbox broke: an answer, not an HTTP error
                 log.exception("the sandbox failed to run a request")
                 return ExecResult.sandbox_failure(
@@ -233,9 +233,20 @@ class SandboxService:
                     latency=time.perf_counter() - started,
                 )
 
-    def _command(self, result: ExecResult, records: Records) -> CommandRunResult:
+    async def _run_request(self, request: RunRequest) -> ExecResult:
+        """Run a prepared request through the sandbox: its slots, stats and event loop.
+
+        ``Sandbox.arun_code`` takes no ``cells=``, so a notebook goes in as a
+        ``RunRequest`` by the same path ``arun_code`` uses once it has built one.
+        """
+        sandbox = self.sandbox
+        submitted = time.perf_counter()
+        portal = sandbox._ensure_portal()
+        return await asyncio.wrap_future(portal.submit(sandbox._run(request, submitted)))
+
+    def _command(self, result: ExecResult) -> CommandRunResult:
         limit = self.settings.output_chars
-        stdout, _ = cut_stream(records.text, result.stdout_dropped_chars, limit)
+        stdout, _ = cut_stream(result.stdout, result.stdout_dropped_chars, limit)
         stderr, _ = cut_stream(result.stderr, result.stderr_dropped_chars, limit)
         if result.outcome is Outcome.SANDBOX_ERROR:
             log.warning("sandbox error: %s", result.detail)
@@ -249,33 +260,15 @@ def _check_language(language: str) -> None:
         )
 
 
-def _fetched_files(
-    records: Records, files: FileSpec, result: ExecResult
-) -> tuple[dict[str, str], str]:
-    """The fetched files and a note on the ones that could not be returned."""
-    if not files.fetch:
-        return {}, ""
-    found = records.of_kind("files")
-    if not found:
-        why = (
-            "the files record was cut by the output cap; fetch less or print less"
-            if records.lost
-            else "the program ended before its files could be read "
-            f"({result.outcome.value}; os._exit or a kill skips the read-back)"
-        )
-        return {}, f"fetch_files: nothing returned: {why}"
-    record: dict[str, Any] = found[-1]
-    raw_files = record.get("files")
-    raw_errors = record.get("errors")
-    wanted = {name for name, _ in files.fetch}
-    fetched = {
-        name: content
-        for name, content in (raw_files.items() if isinstance(raw_files, dict) else ())
-        if name in wanted and isinstance(content, str)
-    }
-    problems = [
-        f"{name}: {reason}"
-        for name, reason in (raw_errors.items() if isinstance(raw_errors, dict) else ())
-        if name in wanted
-    ]
-    return fetched, ("fetch_files: " + "; ".join(problems)) if problems else ""
+@contextlib.contextmanager
+def _bad_input() -> Iterator[None]:
+    """Turn ``RunRequest``'s refusal of an input into a 400 that says which."""
+    try:
+        yield
+    except ValueError as exc:
+        raise RequestRejected(f"bad request: {exc}") from exc
+
+
+def _no_cells() -> ExecResult:
+    """The result of a notebook without cells: nothing ran, nothing failed."""
+    return ExecResult(True, "", "", 0, False, 0.0)

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
+from retool_exec.backends.docker.agent import wire
+
 __all__ = ["DEFAULT_SANDBOX_TAIL_CHARS", "ServerSettings", "normalize_prefix"]
 
 DEFAULT_SANDBOX_TAIL_CHARS = 16384
-"""Characters of each stream a server-built sandbox keeps (the backends read at
-most 16 KiB of a stream's tail). Responses are cut to ``output_chars`` after
-the server has taken its own records (fetched files, notebook cells) out."""
+"""Characters of each stream (and of each notebook cell's) a server-built
+sandbox keeps; responses are cut to ``output_chars`` (cells to their share of
+``jupyter_output_chars``) from that tail."""
 
 
 def normalize_prefix(prefix: str) -> str:
@@ -57,9 +59,10 @@ class ServerSettings(BaseModel):
     """Largest decoded file in ``files``."""
     max_files_total_bytes: int = Field(default=4 * 1024 * 1024, ge=0)
     """Largest total of decoded ``files``."""
-    max_fetch_bytes: int = Field(default=8 * 1024, ge=0)
-    """Most bytes ``fetch_files`` returns per request, all files together. Fetched
-    files travel back in the sandbox's stdout tail (16 KiB), base64-encoded."""
+    max_fetch_bytes: int = Field(default=4 * 1024 * 1024, ge=0, le=wire.MAX_FETCH_BYTES)
+    """Most bytes ``fetch_files`` returns per request, all files together (files past
+    it are left out and named in ``message``). The backend reads them back itself,
+    outside the code's process, up to ``wire.MAX_FETCH_BYTES`` (32 MiB)."""
     output_chars: int = Field(default=4096, ge=0, le=1 << 20)
     """Characters of stdout/stderr kept in a response (the tail, the seed's rule)."""
     max_cells: int = Field(default=128, ge=1)

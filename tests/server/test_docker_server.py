@@ -71,7 +71,7 @@ def test_timeout_in_the_container(docker_url: str, client: httpx.Client) -> None
 def test_files_stay_inside_the_container(docker_url: str, client: httpx.Client) -> None:
     code = (
         "import os\n"
-        "print(os.getcwd().startswith('/tmp/sandbox-'), open('in.txt').read())\n"
+        "print(os.path.isfile('/etc/hostname'), open('in.txt').read())\n"
         "open('out.txt', 'w').write('from the container')\n"
         "os.symlink('/etc/hostname', 'host.txt')\n"
     )
@@ -84,14 +84,22 @@ def test_files_stay_inside_the_container(docker_url: str, client: httpx.Client) 
     assert "not followed" in response["message"]
 
 
-def test_os_exit_skips_the_read_back_and_says_so(docker_url: str, client: httpx.Client) -> None:
-    # In the container, /tmp is wiped after the call; on the local backend the
-    # working directory of an os._exit()ed program would stay behind on the host.
+def test_os_exit_does_not_skip_the_read_back(docker_url: str, client: httpx.Client) -> None:
+    # The backend reads the files back itself after the process is gone.
     code = "import os\nopen('f', 'w').write('x')\nos._exit(0)"
     response = client.post(f"{docker_url}/run_code", json=verl_body(code, fetch_files=["f"]))
     body = response.json()
-    assert body["files"] == {}
-    assert "nothing returned" in body["message"]
+    assert base64.b64decode(body["files"]["f"]) == b"x"
+    assert body["message"] == ""
+
+
+def test_notebook_in_the_container(docker_url: str, client: httpx.Client) -> None:
+    cells = ["a = 2", "a * 21", "import os; print('bye', flush=True); os._exit(0)", "print(a)"]
+    body = client.post(f"{docker_url}/run_jupyter", json={"cells": cells}).json()
+    assert [cell["display"] for cell in body["cells"][:2]] == [[], [{"text/plain": "42"}]]
+    assert body["cells"][2]["stdout"] == "bye\n"
+    assert len(body["cells"]) == 3
+    assert body["status"] == "Failed"
 
 
 def test_128_concurrent_requests_all_succeed(docker_url: str) -> None:

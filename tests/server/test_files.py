@@ -1,4 +1,4 @@
-"""``files`` in, ``fetch_files`` out: inside the sandbox only, confined, links never followed."""
+"""``files`` in, ``fetch_files`` out: by the backend, confined, links never followed."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import base64
 import httpx
 import pytest
 
-from tests.server.conftest import verl_body
+from retool_exec import ExecResult, FakeBackend, RunRequest
+from retool_exec.server import create_app
+from tests.server.conftest import serve, verl_body
 
 pytestmark = pytest.mark.server
 
@@ -115,7 +117,7 @@ def test_symlinks_planted_by_the_code_are_not_followed(
     assert response["message"].count("not followed") == 3
 
 
-def test_fetch_budget_is_enforced_inside_the_sandbox(local_url: str, client: httpx.Client) -> None:
+def test_fetch_budget_is_enforced(local_url: str, client: httpx.Client) -> None:
     # The test server returns at most 4096 bytes of files per request.
     code = "open('small', 'wb').write(b'a' * 1000)\nopen('big', 'wb').write(b'b' * 5000)"
     body = verl_body(code, fetch_files=["small", "big"])
@@ -137,19 +139,67 @@ def test_an_output_flood_does_not_lose_the_fetched_files(
     assert len(stdout) < 4200
 
 
-def test_a_file_the_sandbox_cannot_write_is_a_setup_error_record() -> None:
-    # The server refuses such a request up front; here the inbox is driven
-    # directly, to show it reports (not crashes) when a write fails.
-    from retool_exec import LocalConfig, Sandbox
-    from retool_exec.server.files import FileSpec
-    from retool_exec.server.programs import build_program, code_spec, extract_records
+def test_a_sandbox_that_cannot_write_the_files_is_a_sandbox_error(client: httpx.Client) -> None:
+    def cannot_write(request: RunRequest) -> ExecResult:
+        assert request.files == {"a.txt": b"x"}
+        return ExecResult.sandbox_failure(
+            "could not write the call's files: disk full", backend="fake", latency=0.01
+        )
 
-    files = FileSpec(uploads={"a": b64(b"1"), "a/b": b64(b"2")}, fetch=[])
-    spec = code_spec("print('ran')", files=files, stdin=None, nonce="n1", fetch_budget=0)
-    with Sandbox(LocalConfig(timeout=10.0)) as sandbox:
-        result = sandbox.run_code(build_program("run", spec))
-    records = extract_records(result.stdout, "n1")
-    assert result.returncode == 70
-    assert records.text == ""
-    [record] = records.of_kind("setup_error")
-    assert "could not write the request's files" in record["error"]
+    with serve(create_app(FakeBackend(cannot_write))) as url:
+        body = verl_body("print(1)", files={"a.txt": b64(b"x")}, fetch_files=["a.txt"])
+        response = client.post(f"{url}/run_code", json=body)
+    answer = response.json()
+    assert answer["status"] == "SandboxError"
+    assert answer["run_result"]["status"] == "Error"
+    assert answer["files"] == {}
+    assert "disk full" in answer["message"]
+    assert "a.txt: not read back: the sandbox failed" in answer["message"]
+    assert response.headers["x-retool-exec-outcome"] == "sandbox_error"
+
+
+def test_request_fields_reach_the_backend_as_run_request_fields(client: httpx.Client) -> None:
+    seen: list[RunRequest] = []
+
+    def record(request: RunRequest) -> ExecResult:
+        seen.append(request)
+        return ExecResult(
+            True,
+            "",
+            "",
+            0,
+            False,
+            0.01,
+            files={"out/r.bin": b"\x00\xff", "x": b"y"},
+            fetch_errors={"gone": "not found"},
+        )
+
+    with serve(create_app(FakeBackend(record))) as url:
+        body = verl_body(
+            "print(1)",
+            stdin="héllo\n",
+            files={
+                "./in//a.txt": b64(b"A"),
+                "skip/IGNORE_THIS_FILE": b64(b"no"),
+                "/abs/IGNORE_THIS_FILE.txt": b64(b"no"),
+                "null.txt": None,
+            },
+            fetch_files=["out/r.bin", "./x", "gone"],
+        )
+        answer = client.post(f"{url}/run_code", json=body).json()
+    [request] = seen
+    assert request.code == "print(1)"
+    assert request.stdin == "héllo\n".encode()
+    assert dict(request.files) == {"in/a.txt": b"A"}
+    assert request.fetch == ("out/r.bin", "x", "gone")
+    assert answer["files"] == {"out/r.bin": b64(b"\x00\xff"), "./x": b64(b"y")}
+    assert answer["message"] == "fetch_files: gone: not found"
+    assert answer["status"] == "Success"
+
+
+def test_absent_stdin_stays_absent(client: httpx.Client) -> None:
+    backend = FakeBackend(lambda _request: "")
+    with serve(create_app(backend)) as url:
+        client.post(f"{url}/run_code", json=verl_body("1"))
+        client.post(f"{url}/run_code", json=verl_body("1", stdin=""))
+    assert [request.stdin for request in backend.requests] == [None, b""]

@@ -43,7 +43,7 @@ def test_sandbox_fusions_example_cells(local_url: str, client: httpx.Client) -> 
     error = out[4]["error"][0]
     assert error["ename"] == "RuntimeError"
     assert error["evalue"] == "error message"
-    assert 'File "<cell 5>", line 1' in error["traceback"][0]
+    assert 'File "<cell 5>", line 1' in "".join(error["traceback"])
     assert out[5]["display"] == [{"text/plain": "124"}]  # later cells still run
 
 
@@ -53,12 +53,14 @@ def test_cell_timeout_interrupts_one_cell(local_url: str, client: httpx.Client) 
     out = body["cells"]
     assert isinstance(out, list)
     assert out[1]["error"][0]["ename"] == "TimeoutError"
+    assert out[1]["error"][0]["evalue"] == "the cell ran longer than its 0.5 s limit"
+    assert 'File "<cell 2>"' in "".join(out[1]["error"][0]["traceback"])
     assert out[2]["stdout"] == "after\n"
     assert body["status"] == "Success"
 
 
 def test_total_timeout_keeps_the_finished_cells(local_url: str, client: httpx.Client) -> None:
-    cells = ["print('first')", "import time; time.sleep(30)", "print('never')"]
+    cells = ["print('first')", "import time; print('second'); time.sleep(30)", "print('never')"]
     body = run_cells(local_url, client, cells=cells, total_timeout=1)
     assert body["status"] == "Failed"
     driver = body["driver"]
@@ -67,8 +69,41 @@ def test_total_timeout_keeps_the_finished_cells(local_url: str, client: httpx.Cl
     assert driver["return_code"] is None
     out = body["cells"]
     assert isinstance(out, list)
-    assert [cell["stdout"] for cell in out] == ["first\n"]
+    assert [cell["stdout"] for cell in out] == ["first\n", "second\n"]
+    assert out[1]["error"][0]["ename"] == "TimeoutError"
     assert "2 of 3 cell(s) did not finish" in str(body["message"])
+
+
+def test_a_cell_that_ignores_the_interrupt_is_killed(local_url: str, client: httpx.Client) -> None:
+    cells = [
+        "print('first')",
+        "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(30)",
+        "print('never')",
+    ]
+    body = run_cells(local_url, client, cells=cells, cell_timeout=0.5, total_timeout=15)
+    assert body["status"] == "Failed"
+    out = body["cells"]
+    assert isinstance(out, list)
+    assert len(out) == 2
+    assert out[1]["error"] == [
+        {
+            "ename": "TimeoutError",
+            "evalue": "the cell ran longer than its 0.5 s limit and was killed",
+            "traceback": [],
+        }
+    ]
+    assert "2 of 3 cell(s) did not finish" in str(body["message"])
+
+
+def test_output_of_a_subprocess_belongs_to_its_cell(local_url: str, client: httpx.Client) -> None:
+    cells = [
+        "import subprocess, sys",
+        "subprocess.run([sys.executable, '-c', 'print(42)'])",
+        "print('next')",
+    ]
+    out = run_cells(local_url, client, cells=cells)["cells"]
+    assert isinstance(out, list)
+    assert [cell["stdout"] for cell in out] == ["", "42\n", "next\n"]
 
 
 def test_cells_share_files(local_url: str, client: httpx.Client) -> None:

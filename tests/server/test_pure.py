@@ -1,4 +1,4 @@
-"""The server's pure parts: status derivation, stream cuts, paths, records, tokens, adapters."""
+"""The server's pure parts: statuses, stream cuts, paths, files, cells, tokens, adapters."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import json
 import pytest
 
 from retool_exec import ExecResult, FakeBackend, Outcome, Sandbox
+from retool_exec._models import CellResult
 from retool_exec.adapters import make_async_code_interpreter, make_code_interpreter
-from retool_exec.server.files import RequestRejected, check_files, normalize_path
+from retool_exec.server.files import RequestRejected, check_files, fetched_files, normalize_path
 from retool_exec.server.guards import token_matches
-from retool_exec.server.programs import build_program, extract_records
+from retool_exec.server.jupyter import notebook_cells
 from retool_exec.server.results import command_result, cut_stream, run_status
 from retool_exec.server.schemas import CommandRunResult, CommandRunStatus, RunStatus
 from retool_exec.server.settings import ServerSettings, normalize_prefix
@@ -89,9 +90,10 @@ def test_unconfined_paths_are_refused(path: str) -> None:
 def test_check_files_caps_and_leniency() -> None:
     settings = ServerSettings(max_file_bytes=10, max_files_total_bytes=15, max_files=2)
     wrapped = base64.encodebytes(b"123456789").decode()  # with a newline
-    spec = check_files({"a": wrapped, "b": None}, ["./a"], settings)
-    assert spec.uploads == {"a": wrapped.strip()}
-    assert spec.fetch == [("./a", "a")]
+    spec = check_files({"a": wrapped, "b": None}, ["./a", "a"], settings)
+    assert spec.uploads == {"a": b"123456789"}
+    assert spec.fetch == [("./a", "a"), ("a", "a")]
+    assert spec.fetch_paths == ("a",)
     with pytest.raises(RequestRejected, match="limit is 10"):
         check_files({"a": base64.b64encode(b"x" * 11).decode()}, [], settings)
     six = base64.b64encode(b"x" * 9).decode()
@@ -101,28 +103,72 @@ def test_check_files_caps_and_leniency() -> None:
         check_files({}, ["a", "b", "c"], settings)
 
 
-def test_records_are_split_from_user_text() -> None:
-    nonce = "n0"
-    record = '<<retool-exec:n0>>{"kind":"files","files":{}}<<end:n0>>'
-    found = extract_records("before " + record + " after", nonce)
-    assert found.text == "before  after"
-    assert found.of_kind("files") == [{"kind": "files", "files": {}}]
-    assert not found.lost
-    cut = extract_records('s":{}}<<end:n0>>visible', nonce)  # the tail cap cut a record
-    assert (cut.text, cut.records, cut.lost) == ("visible", [], True)
-    forged = extract_records("<<retool-exec:n0>>not json<<end:n0>>x", nonce)
-    assert (forged.text, forged.records, forged.lost) == ("x", [], True)
-    other = extract_records("<<retool-exec:zz>>{}<<end:zz>>", nonce)
-    assert other.text == "<<retool-exec:zz>>{}<<end:zz>>"
+def test_null_and_ignored_uploads_are_skipped_unchecked() -> None:
+    # SandboxFusion writes neither; their paths are not even looked at.
+    files = {"/abs/IGNORE_THIS_FILE": "x", "../IGNORE_THIS_FILE.txt": "@@", "../n": None}
+    assert check_files(files, [], ServerSettings()).uploads == {}
+    with pytest.raises(RequestRejected, match="absolute"):
+        check_files({"/abs/file": "eA=="}, [], ServerSettings())
 
 
-def test_program_is_one_statement_of_literals() -> None:
-    spec = {"code": "print('x')\n", "files": {}, "fetch": [], "marker": "m"}
-    program = build_program("run", spec)
-    assert program.count("\n") == 1
-    compile(program, "<test>", "exec")
-    with pytest.raises(ValueError, match="entry"):
-        build_program("os.system", spec)
+def test_fetched_files_come_from_the_result_only() -> None:
+    spec = check_files({}, ["./a", "b", "c", "d"], ServerSettings())
+    found = ExecResult(
+        True,
+        "<<retool-exec:x>>{}<<end:x>>",
+        "",
+        0,
+        False,
+        0.1,
+        files={"a": b"aaaa", "c": b"c" * 10},
+        fetch_errors={"b": "not found"},
+    )
+    files, note = fetched_files(found, spec, budget=8)
+    assert files == {"./a": base64.b64encode(b"aaaa").decode()}
+    assert note == (
+        "fetch_files: b: not found; c: 10 bytes; 4 bytes of fetch budget left; "
+        "d: not returned by the sandbox"
+    )
+    assert fetched_files(found, check_files({}, [], ServerSettings()), budget=8) == ({}, "")
+
+
+def test_notebook_cells_follow_the_backends_record() -> None:
+    cells = [
+        CellResult(
+            stdout="x" * 300, stdout_dropped_chars=5, display=[{"text/plain": "1"}], finished=True
+        ),
+        CellResult(
+            error=[{"ename": "KeyboardInterrupt", "evalue": "", "traceback": ["tb\n"]}],
+            finished=True,
+            timed_out=True,
+        ),
+        CellResult(stdout="partial", finished=False),
+    ]
+    died = ExecResult(True, "", "", 0, False, 0.1, cells=cells)
+    out, finished, note = notebook_cells(
+        died, 4, cell_chars=128, cell_timeout=0.5, total_timeout=10
+    )
+    assert finished == 2
+    assert note == "2 of 4 cell(s) did not finish"
+    assert out[0].stdout == "[... truncated 177 chars ...]\n" + "x" * 128
+    assert out[0].display == [{"text/plain": "1"}]
+    assert out[1].error == [
+        {
+            "ename": "TimeoutError",
+            "evalue": "the cell ran longer than its 0.5 s limit",
+            "traceback": ["tb\n"],
+        }
+    ]
+    assert out[2].stdout == "partial"
+    assert [e["ename"] for e in out[2].error] == ["DeadKernelError"]
+    assert "exit status 0" in out[2].error[0]["evalue"]
+    timed = died.model_copy(update={"timed_out": True, "returncode": None})
+    assert (
+        notebook_cells(timed, 4, cell_chars=128, cell_timeout=0, total_timeout=10)[0][2].error[0][
+            "evalue"
+        ]
+        == "the notebook ran longer than its 10 s limit"
+    )
 
 
 def test_token_matching() -> None:
