@@ -320,7 +320,10 @@ class LocalSubprocessBackend(Backend):
         loop = asyncio.get_running_loop()
         limit = self.config.max_output_chars
         capture = _Capture(loop, read_cap_bytes(limit))
-        host, child = socket.socketpair()
+        try:
+            host, child = socket.socketpair()
+        except OSError as exc:
+            return _failure(f"could not make the notebook's channel: {exc}", started)
         with host:
             with child:
                 driver = _NOTEBOOK.format(cpu=request.cpu_seconds, fd=child.fileno(), cap=limit)
@@ -463,7 +466,12 @@ class _Notebook:
         self, index: int, source: str, cell_limit: float, deadline: float
     ) -> CellResult | None:
         """One cell's result, or None when it could not be handed over (the process is gone)."""
-        out, err = _PipeTail(self._loop, self._limit), _PipeTail(self._loop, self._limit)
+        out = _PipeTail(self._loop, self._limit)
+        try:
+            err = _PipeTail(self._loop, self._limit)
+        except BaseException:
+            out.finish()
+            raise
         try:
             payload = source.encode("utf-8", "surrogatepass")
             header = index.to_bytes(4, "big") + len(payload).to_bytes(4, "big")
