@@ -12,6 +12,7 @@ them with :meth:`Observation.facts`.
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 import os
 from collections.abc import Callable, Mapping
@@ -21,6 +22,7 @@ from typing import Any
 from retool_exec._models import ExecResult
 
 __all__ = [
+    "CallInputs",
     "Case",
     "CaseClass",
     "CaseContext",
@@ -37,7 +39,8 @@ __all__ = [
 
 
 class CaseClass(enum.StrEnum):
-    """The catalogue's attack classes, plus the integrity of our own agent protocol."""
+    """What an attack goes after: the host, the network, limits, output, secrets, other calls,
+    and the integrity of our own agent protocol."""
 
     PRIVILEGE = "privilege"
     NETWORK = "network"
@@ -125,9 +128,17 @@ class CaseContext:
     timeout: float
     host: HostFacts
 
+    @property
+    def nonce_like(self) -> str:
+        """32 hex digits unique to this run, shaped like the agent's per-call nonces
+        (``sha256("nonce-like:" + token)``, so attack code can also derive it at run time)."""
+        return hashlib.sha256(f"nonce-like:{self.token}".encode()).hexdigest()[:32]
+
     def substitutions(self) -> Mapping[str, str]:
-        """Placeholders a case's code may contain, and their values."""
+        """Placeholders a case's code (and its call inputs) may contain, and their values."""
         return {
+            "__NONCE_LIKE_DIGEST__": hashlib.sha256(self.nonce_like.encode()).hexdigest()[:16],
+            "__NONCE_LIKE__": self.nonce_like,
             "__TOKEN__": self.token,
             "__TCP_PORT__": str(self.host.tcp_port),
             "__UDP_PORT__": str(self.host.udp_port),
@@ -156,6 +167,8 @@ class Observation:
     result: ExecResult
     follow: ExecResult | None
     ctx: CaseContext
+    neighbour: ExecResult | None = None
+    """The ``neighbour`` call's result (it ran in another container, during the attack)."""
 
     def facts(self) -> dict[str, Any]:
         """The attack's last ``report(...)`` line."""
@@ -167,8 +180,29 @@ class Observation:
             raise ValueError("this case has no follow-up call")
         return _last_json(self.follow.stdout)
 
+    def neighbour_facts(self) -> dict[str, Any]:
+        """The neighbour call's last ``report(...)`` line."""
+        if self.neighbour is None:
+            raise ValueError("this case has no neighbour call")
+        return _last_json(self.neighbour.stdout)
+
 
 Predicate = Callable[[Observation], bool]
+
+
+@dataclass(frozen=True)
+class CallInputs:
+    """What the attack call is given besides its code (``Sandbox.run_code``'s keywords).
+
+    Placeholders of ``CaseContext`` are filled in, in the stdin text, file paths
+    and file contents. The backend handles them outside the code's process.
+    """
+
+    stdin: str | None = None
+    files: Mapping[str, str] = field(default_factory=dict)
+    """Uploaded into the call's working directory before the code starts."""
+    fetch: tuple[str, ...] = ()
+    """Read back from the working directory after the code ends (``ExecResult.files``)."""
 
 
 @dataclass(frozen=True)
@@ -187,11 +221,20 @@ class Case:
     reference: str
     """Where the attack comes from: a CVE, a CIS item, a named sandbox's test."""
     catalogue: tuple[int, ...] = ()
-    """Item numbers in the attack catalogue (design/security-catalogue.md) this case covers."""
+    """Item numbers (1-44) of the attack list the corpus was first written against that this
+    case covers; the audit's tests check that every number is covered by some case."""
     follow_up: str | None = None
     """Code run as the next call on the same backend, where the invariant spans two calls."""
     companion: str | None = None
-    """Code run concurrently with the attack (a neighbour the attack must not see)."""
+    """Code run concurrently with the attack, on the same sandbox (a neighbour the attack must
+    not see; with a ``reuse`` pool of one container the two run one after the other)."""
+    neighbour: str | None = None
+    """Code run during the attack in *another* container of the same backend (the runner's
+    neighbour sandbox), ``neighbour_delay`` seconds after the attack starts: a bystander the
+    attack must not disturb. Its result is ``Observation.neighbour``."""
+    neighbour_delay: float = 0.5
+    inputs: CallInputs = field(default_factory=CallInputs)
+    """The attack call's stdin, uploaded files and fetched files."""
     timeout: float | None = None
     """Wall-clock limit of the attack call; None uses the runner's default."""
     exclusive: bool = False

@@ -1,7 +1,8 @@
 """Running the corpus against a backend: one case, one backend, or a whole audit.
 
-Per case: run the attack (beside its companion, if any), then its follow-up,
-then judge the predicate and the catalogue's invariants for every case:
+Per case: run the attack (beside its companion, if any, and with a neighbour
+call in another container during it, if any), then its follow-up, then judge
+the predicate and three invariants that hold for every case:
 
 1. the call returned within its wall limit plus :data:`GRACE`, with an
    explicit outcome (a sandbox failure caused by an attack counts against it);
@@ -11,7 +12,9 @@ then judge the predicate and the catalogue's invariants for every case:
 One Sandbox serves all cases of a backend. Cases run concurrently where they
 cannot disturb each other; ``exclusive`` ones (bombs, CPU burners) run one
 at a time afterwards. A ``reuse`` pool runs with one container and one call
-at a time, so a follow-up lands in the container its attack used.
+at a time, so a follow-up lands in the container its attack used; for the
+same reason a case's ``neighbour`` call runs on a second sandbox of the same
+config there (another container), started only when a case has one.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -50,6 +53,7 @@ __all__ = [
     "audit_backend",
     "audit_config",
     "default_concurrency",
+    "neighbour_sandbox",
     "run_backend",
     "run_case",
     "with_audit_limits",
@@ -121,13 +125,42 @@ def default_concurrency(config: BackendConfigBase) -> int:
     return 4
 
 
-def _render(source: str, ctx: CaseContext, *, raw: bool = False) -> str:
-    if raw:
-        return source
-    text = PRELUDE + source
+def _fill(text: str, ctx: CaseContext) -> str:
     for placeholder, value in ctx.substitutions().items():
         text = text.replace(placeholder, value)
     return text
+
+
+def _render(source: str, ctx: CaseContext, *, raw: bool = False) -> str:
+    return source if raw else _fill(PRELUDE + source, ctx)
+
+
+def _inputs(case: Case, ctx: CaseContext) -> dict[str, Any]:
+    """The attack call's stdin/files/fetch keywords (only those the case gives)."""
+    given = case.inputs
+    inputs: dict[str, Any] = {}
+    if given.stdin is not None:
+        inputs["stdin"] = _fill(given.stdin, ctx)
+    if given.files:
+        inputs["files"] = {_fill(path, ctx): _fill(text, ctx) for path, text in given.files.items()}
+    if given.fetch:
+        inputs["fetch"] = tuple(_fill(path, ctx) for path in given.fetch)
+    return inputs
+
+
+async def _after(delay: float, call: Awaitable[ExecResult]) -> ExecResult:
+    await asyncio.sleep(delay)
+    return await call
+
+
+def neighbour_sandbox(sandbox: Sandbox) -> Sandbox | None:
+    """A second sandbox for ``neighbour`` calls where ``sandbox`` would run them in the
+    container the attack uses (a ``reuse`` pool); None where ``sandbox`` itself puts
+    concurrent calls in separate containers or processes."""
+    config = getattr(sandbox.backend, "config", None)
+    if isinstance(config, DockerConfig) and config.policy == "reuse":
+        return Sandbox(config, timeout=sandbox.timeout, max_workers=sandbox.max_workers)
+    return None
 
 
 def _evidence(result: ExecResult | None, limit: int = 300) -> str:
@@ -149,8 +182,12 @@ async def run_case(
     backend: str,
     gvisor: bool = False,
     timeout: float = DEFAULT_TIMEOUT,
+    neighbours: Sandbox | None = None,
 ) -> CaseReport:
-    """Run one case on one backend and judge it (see the module docstring)."""
+    """Run one case on one backend and judge it (see the module docstring).
+
+    A ``neighbour`` call runs on ``neighbours`` if given, else on ``sandbox``
+    (see :func:`neighbour_sandbox`)."""
     started = time.perf_counter()
 
     def report(
@@ -185,9 +222,23 @@ async def run_case(
                 sandbox.arun_code(_render(case.companion, ctx), timeout=timeout)
             )
             await asyncio.sleep(0.3)
-        result = await sandbox.arun_code(
-            _render(case.source(), ctx, raw=case.raw), timeout=ctx.timeout
+        bystander = neighbours or sandbox
+        if case.neighbour is not None:
+            await bystander.astart()  # warm before the attack starts its clock
+        attack = sandbox.arun_code(
+            _render(case.source(), ctx, raw=case.raw), timeout=ctx.timeout, **_inputs(case, ctx)
         )
+        neighbour = None
+        if case.neighbour is None:
+            result = await attack
+        else:
+            result, neighbour = await asyncio.gather(
+                attack,
+                _after(
+                    case.neighbour_delay,
+                    bystander.arun_code(_render(case.neighbour, ctx), timeout=timeout),
+                ),
+            )
         follow = None
         if case.follow_up is not None:
             follow = await sandbox.arun_code(_render(case.follow_up, ctx), timeout=timeout)
@@ -220,8 +271,11 @@ async def run_case(
     evidence = _evidence(result)
     if follow is not None:
         evidence += " | follow-up: " + _evidence(follow)
+    if neighbour is not None:
+        evidence += " | neighbour: " + _evidence(neighbour)
+    observation = Observation(result=result, follow=follow, ctx=ctx, neighbour=neighbour)
     try:
-        contained = case.contained(Observation(result=result, follow=follow, ctx=ctx))
+        contained = case.contained(observation)
     except (KeyError, ValueError, TypeError, IndexError, json.JSONDecodeError) as exc:
         return report(
             Status.ERROR,
@@ -249,10 +303,19 @@ async def run_backend(
     """Run ``cases`` on one started sandbox; reports come back in the corpus order."""
     cases = list(cases)
     slots = asyncio.Semaphore(max(1, concurrency))
+    neighbours = None
+    if any(case.neighbour is not None for case in cases):
+        neighbours = neighbour_sandbox(sandbox)
 
     async def one(case: Case) -> CaseReport:
         outcome = await run_case(
-            sandbox, case, host, backend=backend, gvisor=gvisor, timeout=timeout
+            sandbox,
+            case,
+            host,
+            backend=backend,
+            gvisor=gvisor,
+            timeout=timeout,
+            neighbours=neighbours,
         )
         if progress is not None:
             progress(outcome)
@@ -262,13 +325,17 @@ async def run_backend(
         async with slots:
             return await one(case)
 
-    shared = [case for case in cases if not case.exclusive]
-    done = dict(
-        zip((c.id for c in shared), await asyncio.gather(*map(limited, shared)), strict=True)
-    )
-    for case in cases:
-        if case.exclusive:
-            done[case.id] = await one(case)
+    try:
+        shared = [case for case in cases if not case.exclusive]
+        done = dict(
+            zip((c.id for c in shared), await asyncio.gather(*map(limited, shared)), strict=True)
+        )
+        for case in cases:
+            if case.exclusive:
+                done[case.id] = await one(case)
+    finally:
+        if neighbours is not None:
+            await neighbours.aclose()
     return [done[case.id] for case in cases]
 
 
