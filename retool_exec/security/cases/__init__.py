@@ -9,6 +9,7 @@ from retool_exec.security.cases import (
     output,
     privilege,
     protocol,
+    redteam,
     resources,
 )
 from retool_exec.security.model import Case
@@ -25,6 +26,7 @@ def _collect() -> tuple[Case, ...]:
         *information.CASES,
         *isolation.CASES,
         *protocol.CASES,
+        *redteam.CASES,
     )
     ids = [case.id for case in cases]
     duplicates = sorted({case_id for case_id in ids if ids.count(case_id) > 1})
