@@ -196,6 +196,8 @@ class DockerBackend(Backend):
             ):
                 return reply
             # Anything else (a forged or stray frame) means the stream cannot be trusted.
+            if reply.get("type") == "error":  # the agent failed and is exiting
+                raise ProtocolError(f"the agent failed: {str(reply.get('reason'))[:300]}")
             raise ProtocolError(f"unauthenticated frame from the agent: {reply.get('type')!r}")
 
     async def _await_reset(self, container: SandboxContainer) -> None:

@@ -282,6 +282,9 @@ def _open_parent(root_fd: int, path: str, create: bool) -> tuple[int, str]:
                     os.mkdir(part, 0o755, dir_fd=fd)
                 except FileExistsError:
                     pass
+            if stat.S_ISLNK(os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode):
+                # O_NOFOLLOW alone is not enough: gVisor follows a link to a directory.
+                raise OSError(errno.ELOOP, "a symbolic link (not followed)", part)
             next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
             os.close(fd)
             fd = next_fd
@@ -331,6 +334,10 @@ def read_fetched(paths: list[str], cap: int) -> tuple[dict[str, str], dict[str, 
                     parent, name = _open_parent(root, path, create=False)
                     try:
                         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+                        if stat.S_ISLNK(
+                            os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode
+                        ):
+                            raise OSError(errno.ELOOP, "a symbolic link (not followed)", name)
                         fd = os.open(name, flags, dir_fd=parent)
                     finally:
                         os.close(parent)
@@ -411,6 +418,8 @@ def run_call(request: dict[str, Any], child: Child) -> dict[str, Any]:
         "stdin": request.get("stdin"),
     }
     child.request.sendall(wire.encode_frame(to_child))
+    for fd in (child.out_r, child.err_r, child.events_r):
+        os.set_blocking(fd, False)  # a stale poll event (reused number) must never block
 
     events = wire.FrameDecoder(max_frame=1 << 20)
     tails = {child.out_r: Tail(cap), child.err_r: Tail(cap)}
@@ -445,6 +454,7 @@ def run_call(request: dict[str, Any], child: Child) -> dict[str, Any]:
         tails = {out_r: Tail(cap), err_r: Tail(cap)}
         open_pipes = {out_r, err_r}
         for fd in (out_r, err_r):
+            os.set_blocking(fd, False)  # numbers are reused: a stale poll event must not block
             poller.register(fd, select.POLLIN)
         cell_results.append(
             {
@@ -481,12 +491,17 @@ def run_call(request: dict[str, Any], child: Child) -> dict[str, Any]:
                 timed_out = True  # the cell did not stop: the process goes
                 break
         wait = min(deadline, cell_deadline if cells else deadline) - now
+        generation = len(cell_results)
         for fd, _event in poller.poll(max(1, int(wait * 1000) + 1)):
+            if len(cell_results) != generation:
+                break  # a new cell's pipes may reuse numbers of this batch's events: poll again
             if fd == State.control.fileno():
                 take_exit_messages()
             elif fd == child.events_r and events_open:
                 try:
                     data = os.read(fd, CHUNK)
+                except BlockingIOError:
+                    continue
                 except OSError:
                     data = b""
                 if not data:
@@ -527,7 +542,7 @@ def run_call(request: dict[str, Any], child: Child) -> dict[str, Any]:
     settle = time.monotonic() + SETTLE_SECONDS
     while open_pipes and time.monotonic() < settle:
         for fd, _event in poller.poll(50):
-            if fd in open_pipes:
+            if fd in open_pipes:  # (non-blocking: a stale event cannot stall us)
                 pump(fd, tails, open_pipes, poller)
             elif fd == State.control.fileno():
                 take_exit_messages()
@@ -636,6 +651,8 @@ def _errors(value: object) -> list[dict[str, Any]]:
 def pump(fd: int, tails: dict[int, Tail], open_pipes: set[int], poller: select.poll) -> None:
     try:
         data = os.read(fd, CHUNK)
+    except BlockingIOError:
+        return  # a stale event (the number was reused by a newer pipe): nothing to read yet
     except OSError:
         data = b""
     if data:

@@ -445,14 +445,14 @@ def run_cells(request_sock: socket.socket, count: int) -> int:
 def _run_cell(source: str, namespace: dict[str, Any], index: int) -> Any:
     import ast
 
-    tree = ast.parse(source, f"<cell {index}>", "exec")
+    tree = ast.parse(source, f"<cell {index + 1}>", "exec")
     last = tree.body[-1] if tree.body else None
     if isinstance(last, ast.Expr):
         body = ast.Module(body=tree.body[:-1], type_ignores=[])
-        exec(compile(body, f"<cell {index}>", "exec"), namespace)
+        exec(compile(body, f"<cell {index + 1}>", "exec"), namespace)
         expression = ast.Expression(body=last.value)
-        return eval(compile(expression, f"<cell {index}>", "eval"), namespace)
-    exec(compile(tree, f"<cell {index}>", "exec"), namespace)
+        return eval(compile(expression, f"<cell {index + 1}>", "eval"), namespace)
+    exec(compile(tree, f"<cell {index + 1}>", "exec"), namespace)
     return None
 
 
