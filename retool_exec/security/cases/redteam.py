@@ -296,6 +296,9 @@ def _remanence(case_id: str, channels: tuple[str, ...], title: str) -> Case:
 _FORGE = MEMORY_TOOLS + code("""
     import struct
     FORGED = "FORGED-" + TOKEN
+    # In a sandbox container, not on the local backend's host: PID 1 is the container's
+    # agent, and this process's memory and environment hold nothing of the host's.
+    IN_CONTAINER = IN_AGENT_SANDBOX or os.path.isdir("/opt/retool_exec")
 
 
     def frame(message):
@@ -307,7 +310,7 @@ _FORGE = MEMORY_TOOLS + code("""
     # memory or the environment. Only in a container: the local backend's memory and
     # environment are the host's, and what is found is written to the output.
     fields, others = [], []
-    if IN_AGENT_SANDBOX:
+    if IN_CONTAINER:
         for data in memory_chunks():
             fields += [match.group(1).decode() for match in NONCE_FIELD.finditer(data)]
             others += [match.group().decode() for match in HEX.finditer(data)]
@@ -365,7 +368,7 @@ _FORGE = MEMORY_TOOLS + code("""
     time.sleep(0.2)
     for fd in sorted(extra_fds):
         written[str(fd)] += "/" + write_all(fd, full)
-    if IN_AGENT_SANDBOX:  # never the host's PID 1
+    if IN_CONTAINER:  # never the host's PID 1
         try:
             fd = os.open("/proc/1/fd/1", os.O_WRONLY | os.O_NONBLOCK)
             written["/proc/1/fd/1"] = write_all(fd, full)
@@ -373,7 +376,8 @@ _FORGE = MEMORY_TOOLS + code("""
         except OSError as exc:
             written["/proc/1/fd/1"] = why(exc)
     as_read = hashlib.sha256(small.decode("utf-8", "replace").encode()).hexdigest()
-    report(nonces=len(nonces) - 1, call_ids=call_ids, written=written, sha256=as_read)
+    report(in_container=IN_CONTAINER, nonces=len(nonces) - 1, call_ids=call_ids,
+           written=written, sha256=as_read)
     sys.exit(3)
 """)
 
@@ -387,6 +391,8 @@ def _result_is_its_own(obs: Observation) -> bool:
     if result.files or result.fetch_errors or result.cells or result.detail:
         return False
     facts = obs.facts()
+    if obs.ctx.backend != "local" and not facts["in_container"]:
+        raise ValueError("the attack could not tell it runs in a container: the agent untried")
     before, _, _ = result.stdout[:-1].rpartition("\n")
 
     def digest(text: str) -> str:
