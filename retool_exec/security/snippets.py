@@ -29,8 +29,10 @@ __all__ = [
 PRELUDE = '''\
 import ctypes, errno, json, os, sys, time
 TOKEN = "__TOKEN__"
-AGENT = os.getppid()  # who started this call: the container agent, or the host process
-IN_AGENT_SANDBOX = AGENT == 1  # the call's parent is PID 1 of its own pid namespace
+# In a container the agent's supervisor is PID 1 (the call's parent is the zygote);
+# elsewhere the call's parent is the host process that runs the sandbox.
+IN_AGENT_SANDBOX = os.path.isdir("/opt/retool_exec")
+AGENT = 1 if IN_AGENT_SANDBOX else os.getppid()
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 

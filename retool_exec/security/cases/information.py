@@ -137,7 +137,7 @@ CASES: tuple[Case, ...] = (
                         return False
                 return False
 
-            agent = {1} if IN_AGENT_SANDBOX else set()
+            agent = {1, os.getppid()} if IN_AGENT_SANDBOX else set()  # supervisor, zygote
             strangers = sorted(pid for pid in names if pid not in agent and not mine(pid))
             report(strangers=[names[pid] for pid in strangers][:10], count=len(strangers))
         """),
