@@ -361,7 +361,9 @@ def read_fetched(paths: list[str], cap: int) -> tuple[dict[str, str], dict[str, 
                     errors[raw] = "no such file"
                 except OSError as exc:
                     errors[raw] = (
-                        "a symbolic link" if exc.errno == errno.ELOOP else str(exc.strerror)
+                        "a symbolic link (not followed)"
+                        if exc.errno == errno.ELOOP
+                        else str(exc.strerror)
                     )
                 except ValueError as exc:
                     errors[raw] = str(exc)
