@@ -64,16 +64,20 @@ def sanitize_tool_content(text: str, markers: Mapping[str, str] | None = None) -
 def format_tool_content(
     result: ExecResult,
     *,
-    timeout: float = DEFAULT_TIMEOUT,
+    timeout: float | None = None,
     markers: Mapping[str, str] | None = None,
 ) -> str:
     """The observation a model sees for ``result``, by the seed's four rules in order.
 
-    ``timeout`` is the sandbox's configured limit (the message rounds it with
-    ``:.0f``). A sandbox failure says so instead of pretending to be an exit
-    code: the seed could not fail that way, so no seed string changes.
+    ``timeout`` is the limit to name in a timeout message (rounded with
+    ``:.0f``, as the seed does); when not given, the limit the call really ran
+    under (``result.timeout``), else the seed's default. A sandbox failure says
+    so instead of pretending to be an exit code: the seed could not fail that
+    way, so no seed string changes.
     """
     if result.timed_out:
+        if timeout is None:
+            timeout = result.timeout if result.timeout is not None else DEFAULT_TIMEOUT
         return f"Error: execution timed out after {timeout:.0f} seconds."
     if result.ok:
         return sanitize_tool_content(result.stdout, markers)

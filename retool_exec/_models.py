@@ -110,6 +110,8 @@ class ExecResult(BaseModel):
     """Paths asked for in ``fetch=`` that could not be read back, with the reason."""
     cells: list[CellResult] = Field(default_factory=list)
     """For a call run with ``cells=``: one entry per cell that started, in order."""
+    timeout: float | None = Field(default=None, gt=0)
+    """The wall-clock limit this call ran under (set by ``Sandbox``), for the timeout message."""
 
     def __init__(self, *args: Any, **data: Any) -> None:
         # The seed builds results positionally; pydantic models take keywords only.

@@ -132,8 +132,9 @@ class Sandbox:
         return await asyncio.wrap_future(portal.submit(self._run(request_or_result, submitted)))
 
     def format_tool_content(self, result: ExecResult) -> str:
-        """The observation for ``result`` with this sandbox's timeout and markers."""
-        return format_tool_content(result, timeout=self.timeout, markers=self.markers)
+        """The observation for ``result`` with the timeout it ran under and this sandbox's markers."""
+        timeout = result.timeout if result.timeout is not None else self.timeout
+        return format_tool_content(result, timeout=timeout, markers=self.markers)
 
     # -- batches -------------------------------------------------------------
 
@@ -301,6 +302,7 @@ class Sandbox:
             update={
                 "latency": time.perf_counter() - submitted,
                 "queue_wait": slot_wait + result.queue_wait,
+                "timeout": request.timeout,
             }
         )
         self.stats.record(result)
