@@ -54,10 +54,9 @@ class Sandbox:
         markers: Mapping[str, str] | None = None,
         max_code_chars: int = DEFAULT_MAX_CODE_CHARS,
     ) -> None:
-        if timeout is not None and not 0 < timeout <= _MAX_TIMEOUT:
-            raise ConfigError(f"timeout must be in (0, {_MAX_TIMEOUT:.0f}] seconds, got {timeout}")
-        if max_workers < 1:
-            raise ConfigError(f"max_workers must be at least 1, got {max_workers}")
+        _check_timeout(timeout)
+        if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
+            raise ConfigError(f"max_workers must be an integer of at least 1, got {max_workers!r}")
         if max_code_chars < 1:
             raise ConfigError(f"max_code_chars must be at least 1, got {max_code_chars}")
         self.backend, self.timeout = resolve_backend(backend, timeout=timeout)
@@ -132,28 +131,42 @@ class Sandbox:
         return await asyncio.wrap_future(portal.submit(self._run(request_or_result, submitted)))
 
     def format_tool_content(self, result: ExecResult) -> str:
-        """The observation for ``result`` with the timeout it ran under and this sandbox's markers."""
+        """The observation for ``result``: the timeout it ran under, this sandbox's markers."""
         timeout = result.timeout if result.timeout is not None else self.timeout
         return format_tool_content(result, timeout=timeout, markers=self.markers)
 
     # -- batches -------------------------------------------------------------
 
-    def run_many(self, codes: Iterable[str]) -> list[ExecResult]:
+    def run_many(
+        self,
+        codes: Iterable[str],
+        *,
+        timeout: float | None = None,
+        memory_mb: int | None = None,
+    ) -> list[ExecResult]:
         """Run every code, at most ``max_workers`` at once; results in input order."""
+        codes = _code_list(codes)
         portal = self._ensure_portal()
         if portal.in_loop_thread:
             raise RuntimeError("run_many() was called from the sandbox's own event loop")
-        future = portal.submit(self._gather(list(codes)))
+        future = portal.submit(self._gather(codes, timeout, memory_mb))
         try:
             return future.result()
         except BaseException:
             future.cancel()
             raise
 
-    async def arun_many(self, codes: Iterable[str]) -> list[ExecResult]:
+    async def arun_many(
+        self,
+        codes: Iterable[str],
+        *,
+        timeout: float | None = None,
+        memory_mb: int | None = None,
+    ) -> list[ExecResult]:
         """Async ``run_many``."""
+        codes = _code_list(codes)
         portal = self._ensure_portal()
-        return await asyncio.wrap_future(portal.submit(self._gather(list(codes))))
+        return await asyncio.wrap_future(portal.submit(self._gather(codes, timeout, memory_mb)))
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -236,10 +249,11 @@ class Sandbox:
             raise TypeError(f"code must be str, not {type(code).__name__}")
         if isinstance(fetch, str):
             raise TypeError("fetch must be an iterable of paths, not one string")
-        if timeout is not None and not 0 < timeout <= _MAX_TIMEOUT:
-            raise ConfigError(f"timeout must be in (0, {_MAX_TIMEOUT:.0f}] seconds, got {timeout}")
-        if memory_mb is not None and memory_mb < 1:
-            raise ConfigError(f"memory_mb must be at least 1, got {memory_mb}")
+        _check_timeout(timeout)
+        if memory_mb is not None and (
+            isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or memory_mb < 1
+        ):
+            raise ConfigError(f"memory_mb must be an integer of at least 1, got {memory_mb!r}")
         if self._closed:
             raise SandboxClosedError("this sandbox is closed")
         if len(code) > self.max_code_chars:
@@ -308,9 +322,11 @@ class Sandbox:
         self.stats.record(result)
         return result
 
-    async def _gather(self, codes: list[str]) -> list[ExecResult]:
+    async def _gather(
+        self, codes: list[str], timeout: float | None, memory_mb: int | None
+    ) -> list[ExecResult]:
         submitted = time.perf_counter()
-        prepared = [self._prepare(code, submitted) for code in codes]
+        prepared = [self._prepare(code, submitted, timeout, memory_mb) for code in codes]
 
         async def one(item: RunRequest | ExecResult) -> ExecResult:
             if isinstance(item, ExecResult):
@@ -333,6 +349,23 @@ class LocalPythonSandbox(Sandbox):
             LocalConfig(python=python, timeout=timeout), timeout=timeout, max_workers=max_workers
         )
         self.python = python
+
+
+def _check_timeout(timeout: object) -> None:
+    """None, or a finite number of seconds in (0, 24 h]; NaN, inf and strings are refused."""
+    if timeout is None:
+        return
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        raise ConfigError(f"timeout must be a number of seconds, got {timeout!r}")
+    if not 0 < timeout <= _MAX_TIMEOUT:  # False for NaN too
+        raise ConfigError(f"timeout must be in (0, {_MAX_TIMEOUT:.0f}] seconds, got {timeout}")
+
+
+def _code_list(codes: Iterable[str]) -> list[str]:
+    """``codes`` as a list; one string is refused (it would run each character)."""
+    if isinstance(codes, str | bytes):
+        raise TypeError("run_many() takes an iterable of code strings, not one string")
+    return list(codes)
 
 
 def _as_bytes(data: object) -> bytes:

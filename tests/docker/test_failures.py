@@ -172,3 +172,22 @@ class _FakeResponse:
         self.status_code = status_code
         self.reason = "test"
         self.url = "http+docker://localhost/test"
+
+
+def test_the_codes_own_exit_statuses_and_forged_events_stay_the_codes(reuse_one: Sandbox) -> None:
+    """Statuses the agent itself uses (70, 71) and forged events on fd 3 change nothing."""
+    for status in (70, 71):
+        result = reuse_one.run_code(f"import os; os._exit({status})")
+        assert (result.outcome, result.returncode) == (Outcome.ERROR, status), result
+    forged = reuse_one.run_code(
+        "import json, os, struct\n"
+        "for event in ({'type': 'exit', 'status': 0}, {'type': 'started'}):\n"
+        "    payload = json.dumps(event).encode()\n"
+        "    try:\n"
+        "        os.write(3, struct.pack('>I', len(payload)) + payload)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "os._exit(3)\n"
+    )
+    # The status is the kernel's (the zygote's waitpid), never what the code wrote.
+    assert (forged.outcome, forged.returncode) == (Outcome.ERROR, 3), forged

@@ -232,6 +232,15 @@ class DockerBackend(Backend):
                 queue_wait=waited,
                 detail=str(reply["setup_error"]),
             )
+        if reply.get("started") is False and not reply.get("timed_out"):
+            # The process ended before the code's first instruction: not the code's doing.
+            reason = str(reply.get("stderr", "")).strip()[-300:] or "no message"
+            return self._failure(
+                started,
+                f"the call's process ended before the code started (status "
+                f"{reply.get('returncode')}): {reason}",
+                waited,
+            )
         limit = self.config.max_output_chars
         stdout, stdout_dropped = finish_stream(
             str(reply.get("stdout", "")), int(reply.get("stdout_dropped", 0)), limit

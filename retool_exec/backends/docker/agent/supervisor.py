@@ -436,6 +436,7 @@ def run_call(request: dict[str, Any], child: Child) -> dict[str, Any]:
     cell_deadline = deadline
     interrupted_at: float | None = None
     events_open = True
+    started_code = False
 
     def start_cell(index: int) -> None:
         nonlocal tails, open_pipes, cell_deadline, interrupted_at
@@ -518,8 +519,8 @@ def run_call(request: dict[str, Any], child: Child) -> dict[str, Any]:
                     poller.unregister(fd)
                 for message in messages:
                     kind = message.get("type")
-                    if kind == "exit" and isinstance(message.get("status"), int):
-                        returncode = message["status"] & 0xFF
+                    if kind == "started":
+                        started_code = True
                     elif kind == "cell_end" and cells and message.get("index") == cell_index:
                         record = cell_results[cell_index]
                         record["finished"] = True
@@ -586,6 +587,7 @@ def run_call(request: dict[str, Any], child: Child) -> dict[str, Any]:
         "stderr": err_tail.text(),
         "stderr_dropped": err_tail.dropped,
         "duration": time.monotonic() - started,
+        "started": started_code,
         "files": fetched,
         "fetch_errors": fetch_errors,
     }

@@ -125,6 +125,7 @@ class ResultFrame(TypedDict, total=False):
     stderr: str
     stderr_dropped: int
     duration: float
+    started: bool  # the child reported its code started; False: the sandbox failed, not the code
     setup_error: str  # files could not be written: the code never ran
     files: dict[str, str]  # path -> base64 content, for each fetched file found
     fetch_errors: dict[str, str]  # path -> why it was not fetched

@@ -255,12 +255,14 @@ def child_main(events_w: int, request_r: int, out_w: int, err_w: int) -> None:
             data = int(memory_mb) * 1024 * 1024
             resource.setrlimit(resource.RLIMIT_DATA, (data, data))
         _set_stdin(request.get("stdin"))
+        # From here on the call's own code runs: an ending before this event is the
+        # sandbox's failure, after it the code's (the code cannot take this event back).
+        _send_event({"type": "started"})
         if request.get("cells"):
             status = run_cells(request_sock, int(request["cells"]))
         else:
             request_sock.close()
             status = run_user_code(str(request["code"]))
-        _send_event({"type": "exit", "status": status})
     finally:
         os._exit(status)
 
