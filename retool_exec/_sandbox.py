@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import logging
 import sys
 import threading
 import time
@@ -35,10 +36,14 @@ from retool_exec.backends.registry import resolve_backend
 
 __all__ = ["DEFAULT_MAX_CODE_CHARS", "LocalPythonSandbox", "Sandbox"]
 
+log = logging.getLogger(__name__)
+
 DEFAULT_MAX_CODE_CHARS = 16 * 1024 * 1024
 """Code longer than this is rejected with an explicit result instead of run."""
 
 _MAX_TIMEOUT = 24 * 3600.0
+DEFAULT_MAX_WORKERS = 8
+"""The seed's default concurrency, for backends without a fixed capacity."""
 
 
 class Sandbox:
@@ -49,18 +54,31 @@ class Sandbox:
         backend: str | BackendConfigBase | Backend = "local",
         *,
         timeout: float | None = None,
-        max_workers: int = 8,
+        max_workers: int | None = None,
         auto_print: bool = False,
         markers: Mapping[str, str] | None = None,
         max_code_chars: int = DEFAULT_MAX_CODE_CHARS,
     ) -> None:
         _check_timeout(timeout)
-        if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
+        if max_workers is not None and (
+            isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1
+        ):
             raise ConfigError(f"max_workers must be an integer of at least 1, got {max_workers!r}")
         if max_code_chars < 1:
             raise ConfigError(f"max_code_chars must be at least 1, got {max_code_chars}")
         self.backend, self.timeout = resolve_backend(backend, timeout=timeout)
+        capacity = self.backend.capacity
+        if max_workers is None:  # as many as the backend runs at once (the seed's 8 if unbounded)
+            max_workers = capacity if capacity is not None else DEFAULT_MAX_WORKERS
         self.max_workers = max_workers
+        if capacity is not None and max_workers > capacity:
+            log.warning(
+                "max_workers=%d is more than the %s backend runs at once (%d); "
+                "the other calls queue (raise pool_size to run them together)",
+                max_workers,
+                self.backend.name,
+                capacity,
+            )
         self.auto_print = auto_print
         self.markers = dict(markers) if markers is not None else None
         self.max_code_chars = max_code_chars
@@ -199,6 +217,17 @@ class Sandbox:
         await asyncio.to_thread(self.close)
 
     @property
+    def concurrency(self) -> int:
+        """Calls run at once: ``max_workers``, or the backend's capacity if that is smaller.
+
+        Waiting for a free container is queueing, not a failure: calls beyond the
+        backend's capacity (a Docker pool's ``pool_size``) wait here, and the
+        wait shows in ``ExecResult.queue_wait``.
+        """
+        capacity = self.backend.capacity
+        return self.max_workers if capacity is None else min(self.max_workers, capacity)
+
+    @property
     def closed(self) -> bool:
         """Whether ``close()`` was called."""
         return self._closed
@@ -307,7 +336,7 @@ class Sandbox:
 
     async def _run(self, request: RunRequest, submitted: float) -> ExecResult:
         if self._slots is None:
-            self._slots = asyncio.Semaphore(self.max_workers)
+            self._slots = asyncio.Semaphore(self.concurrency)
         async with self._slots:
             slot_wait = time.perf_counter() - submitted
             await self._ensure_started()

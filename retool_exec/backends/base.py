@@ -78,6 +78,11 @@ class Backend(abc.ABC):
 
     name: ClassVar[str] = "backend"
 
+    @property
+    def capacity(self) -> int | None:
+        """How many calls it runs at once (None: no fixed bound). ``Sandbox`` queues the rest."""
+        return None
+
     async def start(self) -> None:  # noqa: B027 - optional hook, empty by default
         """Get ready to run (warm containers, ...). Idempotent."""
 

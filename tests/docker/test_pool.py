@@ -8,7 +8,7 @@ from typing import Any
 import docker
 import pytest
 
-from retool_exec import DockerConfig, Sandbox
+from retool_exec import DockerConfig, Outcome, Sandbox
 from retool_exec.backends.docker.backend import DockerBackend
 from retool_exec.backends.docker.containers import SandboxContainer
 from tests.conftest import LABELS, require_docker
@@ -114,3 +114,14 @@ def containers_with_label(label: str) -> list[str]:
         return [c["Id"] for c in client.api.containers(all=True, filters={"label": label})]
     finally:
         client.close()
+
+
+def test_calls_beyond_the_pool_queue_instead_of_failing() -> None:
+    """A busy pool is queueing, not a sandbox failure, however long the queue (issue 12.3)."""
+    require_docker()
+    config = DockerConfig(policy="reuse", pool_size=1, timeout=10, start_timeout=3, labels=LABELS)
+    with Sandbox(config, max_workers=3) as sandbox:
+        assert sandbox.concurrency == 1
+        results = sandbox.run_many(["import time; time.sleep(1.6); print('done')"] * 3)
+    assert [r.outcome for r in results] == [Outcome.SUCCESS] * 3, results
+    assert max(r.queue_wait for r in results) > 3.0  # longer than start_timeout: still no failure

@@ -54,6 +54,11 @@ class DockerBackend(Backend):
         self.startup_seconds: float | None = None
 
     @property
+    def capacity(self) -> int:
+        """One call per container: calls beyond ``pool_size`` wait in the Sandbox's queue."""
+        return self.config.pool_size
+
+    @property
     def pool(self) -> WarmPool | None:
         """The warm pool, once started (for benchmarks and tests)."""
         return self._pool
