@@ -15,7 +15,9 @@ from retool_exec.backends.docker.agent import wire
 
 __all__ = ["DEFAULT_SANDBOX_TAIL_CHARS", "ServerSettings", "normalize_prefix"]
 
-DEFAULT_SANDBOX_TAIL_CHARS = 16384
+DEFAULT_SANDBOX_TAIL_CHARS = 1 << 20
+"""Characters of each stream a sandbox the server builds keeps: 1 MiB, so reward code that
+compares stdout sees whole answers, as with SandboxFusion (which returns streams whole)."""
 """Characters of each stream (and of each notebook cell's) a server-built
 sandbox keeps; responses are cut to ``output_chars`` (cells to their share of
 ``jupyter_output_chars``) from that tail."""
@@ -63,8 +65,11 @@ class ServerSettings(BaseModel):
     """Most bytes ``fetch_files`` returns per request, all files together (files past
     it are left out and named in ``message``). The backend reads them back itself,
     outside the code's process, up to ``wire.MAX_FETCH_BYTES`` (32 MiB)."""
-    output_chars: int = Field(default=4096, ge=0, le=1 << 20)
-    """Characters of stdout/stderr kept in a response (the tail, the seed's rule)."""
+    output_chars: int = Field(default=1 << 20, ge=0, le=1 << 20)
+    """Characters of stdout/stderr returned by ``/run_code`` (default 1 MiB, whole for any
+    ordinary answer). Past it the *tail* is kept, with the seed's ``[... truncated N
+    chars ...]`` marker in front. Independent of the 4096-character tail that
+    ``format_tool_content`` shows a model."""
     max_cells: int = Field(default=128, ge=1)
     """Most cells in one ``/run_jupyter`` request."""
     jupyter_output_chars: int = Field(default=4096, ge=256)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from retool_exec.server import OUTCOME_HEADER
-from tests.server.conftest import PREFIX, verl_body
+from retool_exec import LocalConfig
+from retool_exec.server import OUTCOME_HEADER, create_app
+from tests.server.conftest import PREFIX, serve, verl_body
 
 pytestmark = pytest.mark.server
 
@@ -120,11 +121,21 @@ def test_sys_exit_status_is_kept(local_url: str, client: httpx.Client) -> None:
     assert body["run_result"]["return_code"] == 3
 
 
-def test_stdout_is_tail_capped_to_4096(local_url: str, client: httpx.Client) -> None:
-    code = "print('x' * 10000, end='')"
-    stdout = client.post(f"{local_url}/run_code", json={"code": code}).json()["run_result"][
-        "stdout"
-    ]
+def test_long_answers_come_back_whole(local_url: str, client: httpx.Client) -> None:
+    """Reward code compares stdout: a 200,000-character answer must not be cut (issue 12.1)."""
+    code = "print('x' * 200000, end=''); print('y' * 100, file=__import__('sys').stderr, end='')"
+    result = client.post(f"{local_url}/run_code", json={"code": code}).json()["run_result"]
+    assert result["stdout"] == "x" * 200000
+    assert result["stderr"] == "y" * 100
+
+
+def test_past_the_cap_the_tail_is_kept_with_the_seed_marker() -> None:
+    from retool_exec.server.settings import ServerSettings
+
+    app = create_app(LocalConfig(timeout=10.0), settings=ServerSettings(output_chars=4096))
+    with serve(app) as url, httpx.Client(timeout=30) as client:
+        code = "print('x' * 10000, end='')"
+        stdout = client.post(f"{url}/run_code", json={"code": code}).json()["run_result"]["stdout"]
     assert stdout == "[... truncated 5904 chars ...]\n" + "x" * 4096
 
 
