@@ -191,3 +191,34 @@ def test_the_codes_own_exit_statuses_and_forged_events_stay_the_codes(reuse_one:
     )
     # The status is the kernel's (the zygote's waitpid), never what the code wrote.
     assert (forged.outcome, forged.returncode) == (Outcome.ERROR, 3), forged
+
+
+def test_a_container_that_died_while_idle_is_never_handed_out(reuse_one: Sandbox) -> None:
+    """Its code never ran, so the call runs on a fresh container instead (issue 12.6)."""
+    [container_id] = _pool_container_ids(reuse_one)
+    client = docker.from_env()
+    try:
+        client.api.kill(container_id)
+        time.sleep(0.5)
+    finally:
+        client.close()
+    result = reuse_one.run_code("print('ran')")
+    assert (result.outcome, result.stdout) == (Outcome.SUCCESS, "ran\n"), result
+    assert container_id not in _pool_container_ids(reuse_one)
+
+
+def test_a_container_paused_while_idle_costs_time_not_the_call(reuse_one: Sandbox) -> None:
+    """No "started" frame within START_GRACE: the code never ran, so it runs elsewhere."""
+    from retool_exec.backends.docker.backend import START_GRACE
+
+    [container_id] = _pool_container_ids(reuse_one)
+    client = docker.from_env()
+    try:
+        client.api.pause(container_id)
+    finally:
+        client.close()
+    started = time.monotonic()
+    result = reuse_one.run_code("print('ran')")
+    assert (result.outcome, result.stdout) == (Outcome.SUCCESS, "ran\n"), result
+    assert START_GRACE <= time.monotonic() - started < START_GRACE + 10
+    assert container_id not in _pool_container_ids(reuse_one)

@@ -39,6 +39,18 @@ __all__ = ["DockerBackend"]
 
 log = logging.getLogger(__name__)
 
+START_GRACE = 5.0
+"""Seconds a container has to start the code (its "started" frame); past them it is taken
+as broken (paused, wedged) and, since the code provably never ran, the call moves on."""
+RETRIES_BEFORE_START = 1
+"""Times a call whose container failed before its code began is run on another one."""
+
+
+class CallProgress:
+    """What the host has seen of one call: whether its code has started."""
+
+    code_started = False
+
 
 class DockerBackend(Backend):
     """Hardened, warm Docker containers; see ``DockerConfig`` for the knobs."""
@@ -124,45 +136,56 @@ class DockerBackend(Backend):
             await self.start()
         pool = self._pool
         assert pool is not None
-        try:
-            container = await pool.acquire(self.config.start_timeout)
-        except PoolUnavailableError as exc:
-            return self._failure(started, f"no sandbox container available: {exc}")
-        waited = time.perf_counter() - started
-        try:
-            reply = await self._call(container, request)
-        except asyncio.CancelledError:
-            pool.retire(container)  # the call may still be running in it
-            raise
-        except TimeoutError:
-            pool.retire(container)
-            return self._failure(
-                started,
-                "the agent was silent past the deadline "
-                f"({request.timeout + self.config.host_grace:.1f}s); the container was killed",
-                waited,
-            )
-        except ProtocolError as exc:
-            oom = await self._factory.oom_killed(container.id) if self._factory else False
-            pool.retire(container)
-            if oom:  # the code outgrew the container (gVisor kills the sandbox as a whole)
-                return self._container_oom(started, waited)
-            return self._failure(
-                started,
-                f"the sandbox container failed mid-call: {exc}"
-                + ("; Docker reports it was OOM-killed" if oom else ""),
-                waited,
-            )
-        if self.config.policy == "reuse":
-            pool.track(self._await_reset(container))
-        else:
-            pool.retire(container)
-        try:
-            return self._result(reply, started, waited)
-        except (ProtocolError, ValueError) as exc:
-            return self._failure(started, f"the agent's result was malformed: {exc}", waited)
+        for attempt in range(1 + RETRIES_BEFORE_START):
+            try:
+                container = await pool.acquire(self.config.start_timeout)
+            except PoolUnavailableError as exc:
+                return self._failure(started, f"no sandbox container available: {exc}")
+            waited = time.perf_counter() - started
+            if container.channel.at_eof():  # died while idle: never hand it out
+                pool.retire(container)
+                continue
+            progress = CallProgress()
+            try:
+                reply = await self._call(container, request, progress)
+            except asyncio.CancelledError:
+                pool.retire(container)  # the call may still be running in it
+                raise
+            except (TimeoutError, ProtocolError) as exc:
+                oom = await self._factory.oom_killed(container.id) if self._factory else False
+                pool.retire(container)
+                if not progress.code_started and attempt < RETRIES_BEFORE_START and not oom:
+                    # The code provably never ran (no "started" frame): run it elsewhere.
+                    log.warning("retrying a call whose container failed before it began: %s", exc)
+                    continue
+                if oom:  # the code outgrew the container (gVisor kills the sandbox as a whole)
+                    return self._container_oom(started, waited)
+                if isinstance(exc, TimeoutError):
+                    return self._failure(
+                        started,
+                        "the agent was silent past the deadline "
+                        f"({request.timeout + self.config.host_grace:.1f}s); "
+                        "the container was killed",
+                        waited,
+                    )
+                return self._failure(
+                    started, f"the sandbox container failed mid-call: {exc}", waited
+                )
+            if self.config.policy == "reuse":
+                pool.track(self._await_reset(container))
+            else:
+                pool.retire(container)
+            try:
+                return self._result(reply, started, waited)
+            except (ProtocolError, ValueError) as exc:
+                return self._failure(started, f"the agent's result was malformed: {exc}", waited)
+        return self._failure(
+            started, "no healthy sandbox container: each one failed before the code began"
+        )
 
-    async def _call(self, container: SandboxContainer, request: RunRequest) -> dict[str, Any]:
+    async def _call(
+        self, container: SandboxContainer, request: RunRequest, progress: CallProgress | None = None
+    ) -> dict[str, Any]:
         container.next_id += 1
         call_id = container.next_id
         container.nonce = secrets.token_hex(16)
@@ -188,17 +211,23 @@ class DockerBackend(Backend):
         if request.cells:
             frame["cells"] = list(request.cells)
             frame["cell_timeout"] = request.cell_timeout
-        deadline = time.monotonic() + request.timeout + self.config.host_grace
+        progress = progress or CallProgress()
+        sent = time.monotonic()
+        deadline = sent + request.timeout + self.config.host_grace
+        start_deadline = min(deadline, sent + START_GRACE)
         await container.channel.send(frame)
         while True:
+            until = deadline if progress.code_started else start_deadline
             reply = await asyncio.wait_for(
-                container.channel.receive(), max(0.0, deadline - time.monotonic())
+                container.channel.receive(), max(0.0, until - time.monotonic())
             )
-            if (
-                reply.get("type") == "result"
-                and reply.get("id") == call_id
-                and hmac.compare_digest(str(reply.get("nonce")), container.nonce)
-            ):
+            authentic = reply.get("id") == call_id and hmac.compare_digest(
+                str(reply.get("nonce")), container.nonce
+            )
+            if reply.get("type") == "started" and authentic:
+                progress.code_started = True
+                continue
+            if reply.get("type") == "result" and authentic:
                 return reply
             # Anything else (a forged or stray frame) means the stream cannot be trusted.
             if reply.get("type") == "error":  # the agent failed and is exiting

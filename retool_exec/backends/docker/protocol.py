@@ -100,6 +100,10 @@ class AgentChannel:
                     self.agent_stderr.feed(payload)
         return self._pending.popleft()
 
+    def at_eof(self) -> bool:
+        """Whether the stream has ended (the container is gone) with no frame left to read."""
+        return not self._pending and self._reader.at_eof()
+
     def _stderr_hint(self) -> str:
         text = self.agent_stderr.raw.decode("utf-8", errors="replace").strip()
         return f" (agent stderr: {text[-500:]})" if text else ""

@@ -386,7 +386,7 @@ class CallOutput:
         return Tail(self.cap), Tail(self.cap)
 
 
-def run_call(request: dict[str, Any], child: Child) -> dict[str, Any]:
+def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dict[str, Any]:
     timeout = float(request["timeout"])
     cap = int(request.get("read_cap", 16384))
     started = time.monotonic()
@@ -519,8 +519,11 @@ def run_call(request: dict[str, Any], child: Child) -> dict[str, Any]:
                     poller.unregister(fd)
                 for message in messages:
                     kind = message.get("type")
-                    if kind == "started":
+                    if kind == "started" and not started_code:
                         started_code = True
+                        # Tell the host at once: a call whose code never started may be
+                        # run again elsewhere; one that started must not be.
+                        write_frame(1, {"type": "started", "id": request.get("id"), "nonce": nonce})
                     elif kind == "cell_end" and cells and message.get("index") == cell_index:
                         record = cell_results[cell_index]
                         record["finished"] = True
@@ -804,7 +807,7 @@ def main(argv: list[str]) -> int:
             try:
                 if child is None:
                     child = Child()
-                result = run_call(request, child)
+                result = run_call(request, child, nonce)
             except Exception as exc:
                 end_all_calls()
                 write_frame(
