@@ -125,3 +125,44 @@ def test_calls_beyond_the_pool_queue_instead_of_failing() -> None:
         results = sandbox.run_many(["import time; time.sleep(1.6); print('done')"] * 3)
     assert [r.outcome for r in results] == [Outcome.SUCCESS] * 3, results
     assert max(r.queue_wait for r in results) > 3.0  # longer than start_timeout: still no failure
+
+
+def test_containers_end_themselves_when_their_owner_is_killed(tmp_path: Any) -> None:
+    """A SIGKILLed trainer leaves no running container (issue 12.10): its attach stream
+    closes, the agent reads EOF and exits, and the container stops within seconds."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    import uuid
+
+    require_docker()
+    label = f"retool-exec-test-owner={uuid.uuid4().hex[:12]}"
+    key, _, value = label.partition("=")
+    script = tmp_path / "owner.py"
+    script.write_text(
+        "from retool_exec import DockerConfig, Sandbox\n"
+        f"sandbox = Sandbox(DockerConfig(policy='reuse', pool_size=1, labels={{**{LABELS!r}, "
+        f"{key!r}: {value!r}}}))\n"
+        "print(sandbox.run_code('print(1)').stdout, flush=True)\n"
+        "import time; time.sleep(60)\n"
+    )
+    owner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    client = docker.from_env()
+    try:
+        assert owner.stdout is not None and owner.stdout.readline() == "1\n"
+        assert client.api.containers(filters={"label": label})  # running
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(10)
+        deadline = time.monotonic() + 10
+        while client.api.containers(filters={"label": label}) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not client.api.containers(filters={"label": label}), "still running"
+    finally:
+        owner.kill()
+        owner.wait(10)
+        if owner.stdout is not None:
+            owner.stdout.close()
+        for info in client.api.containers(all=True, filters={"label": label}):
+            client.api.remove_container(info["Id"], force=True)
+        client.close()
