@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import docker
 import pytest
@@ -222,3 +223,24 @@ def test_a_container_paused_while_idle_costs_time_not_the_call(reuse_one: Sandbo
     assert (result.outcome, result.stdout) == (Outcome.SUCCESS, "ran\n"), result
     assert START_GRACE <= time.monotonic() - started < START_GRACE + 10
     assert container_id not in _pool_container_ids(reuse_one)
+
+
+def test_a_daemon_that_never_answers_is_an_error_within_seconds(tmp_path: Any) -> None:
+    """A socket that accepts and then says nothing must not hold the caller for minutes."""
+    import socket as socket_module
+
+    from retool_exec.backends.docker.client import PING_TIMEOUT
+
+    path = tmp_path / "silent.sock"
+    listener = socket_module.socket(socket_module.AF_UNIX, socket_module.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(16)
+    try:
+        sandbox = Sandbox(DockerConfig(docker_host=f"unix://{path}", labels=LABELS), timeout=5)
+        started = time.monotonic()
+        with pytest.raises(DockerUnavailableError, match="cannot reach the Docker daemon"):
+            sandbox.run_code("print(1)")
+        assert time.monotonic() - started < PING_TIMEOUT * 2 + 3
+        sandbox.close()
+    finally:
+        listener.close()

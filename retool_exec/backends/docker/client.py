@@ -42,8 +42,16 @@ def daemon_address(docker_host: str | None = None) -> str:
     return docker_host or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
 
 
+PING_TIMEOUT = 5
+"""Seconds a daemon has to answer the first ping: one that accepts connections but never
+answers must not hold a caller for the API timeout (120 s)."""
+
+
 def connect(docker_host: str | None = None, *, timeout: int = 120) -> docker.DockerClient:
-    """A client whose daemon answered a ping; a clear error naming the socket otherwise."""
+    """A client whose daemon answered a ping within PING_TIMEOUT; a clear error otherwise.
+
+    ``timeout`` then applies to every later API request (image imports can be slow).
+    """
     address = daemon_address(docker_host)
     socket_path = address.removeprefix("unix://")
     if address.startswith("unix://") and not os.path.exists(socket_path):
@@ -54,11 +62,16 @@ def connect(docker_host: str | None = None, *, timeout: int = 120) -> docker.Doc
         ) from missing
     try:
         client = (
-            docker.DockerClient(base_url=docker_host, timeout=timeout)
+            docker.DockerClient(base_url=docker_host, timeout=PING_TIMEOUT)
             if docker_host
-            else docker.from_env(timeout=timeout)
+            else docker.from_env(timeout=PING_TIMEOUT)
         )
-        client.ping()
+        try:
+            client.ping()
+        except BaseException:
+            client.close()
+            raise
+        client.api.timeout = timeout
     except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as exc:
         raise DockerUnavailableError(
             f"cannot reach the Docker daemon at {address}: {exc}. {_HOW_TO_START}"
