@@ -14,6 +14,7 @@ import hmac
 import logging
 import secrets
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import docker
@@ -35,7 +36,7 @@ from retool_exec.backends.docker.containers import (
 from retool_exec.backends.docker.pool import PoolUnavailableError, WarmPool
 from retool_exec.backends.docker.protocol import ProtocolError
 
-__all__ = ["DockerBackend"]
+__all__ = ["DockerBackend", "PoolStats"]
 
 log = logging.getLogger(__name__)
 
@@ -359,6 +360,19 @@ class DockerBackend(Backend):
             self._client.close()
             self._client = None
 
+    def pool_stats(self) -> PoolStats | None:
+        """The warm pool's figures now; None before ``start()`` and after ``close()``."""
+        pool = self._pool
+        if pool is None:
+            return None
+        return PoolStats(
+            size=pool.size,
+            ready=pool.ready_count,
+            pending=sum(not task.done() for task in pool._tasks),
+            started=pool.started_containers,
+            pool_id=pool.factory.pool_id,
+        )
+
 
 def _remove_orphans(client: docker.DockerClient) -> None:
     """The start-up sweep: remove containers whose owner process is gone."""
@@ -367,3 +381,19 @@ def _remove_orphans(client: docker.DockerClient) -> None:
             remove_container(client, orphan.id)
         except docker.errors.APIError as exc:
             log.warning("could not remove orphaned container %s: %s", orphan.short_id, exc)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStats:
+    """A snapshot of a Docker backend's warm pool (``DockerBackend.pool_stats()``)."""
+
+    size: int
+    """Containers the pool keeps (``pool_size``)."""
+    ready: int
+    """Containers ready for a call now (a reused one only once its reset is confirmed)."""
+    pending: int
+    """Background steps still running: container starts, removals, reset confirmations."""
+    started: int
+    """Containers started since the pool started."""
+    pool_id: str
+    """The value of the ``LABEL_POOL`` label on the pool's containers."""
