@@ -67,9 +67,11 @@ class RunCodeRequest(_Lenient):
     language: str = "python"
     """Only ``python`` (and its spellings ``python3``, ``py``) runs here."""
     compile_timeout: float = 10.0
-    """Accepted and ignored: Python has no compile step."""
+    """Python has no compile step, so nothing is compiled. Zero or more; NaN, inf or
+    negative: HTTP 400."""
     run_timeout: float | None = None
-    """Wall-clock seconds (clamped to the server's maximum); absent: the server's default."""
+    """Wall-clock seconds (clamped to the server's maximum); absent: the server's default.
+    Zero, negative, NaN or inf: HTTP 400 (never a silent default)."""
     memory_limit_MB: int = -1  # SandboxFusion's spelling
     """Memory cap in MB; -1 (or any value below 1) means the server's limit."""
     stdin: str | None = None
@@ -110,9 +112,10 @@ class RunJupyterRequest(_Lenient):
 
     cells: list[str]
     cell_timeout: float = 0.0
-    """Seconds per cell; 0 means no per-cell limit."""
+    """Seconds per cell; 0 means no per-cell limit (negative, NaN or inf: HTTP 400)."""
     total_timeout: float = 45.0
-    """Seconds for all cells together (clamped to the server's maximum)."""
+    """Seconds for all cells together (clamped to the server's maximum; zero, negative,
+    NaN or inf: HTTP 400)."""
     kernel: str = "python3"
     files: dict[str, str | None] = Field(default_factory=dict)
     fetch_files: list[str] = Field(default_factory=list)
@@ -148,7 +151,7 @@ class ExecRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     code: str
-    timeout: float | None = Field(default=None, gt=0)
+    timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     """Wall-clock seconds (clamped to the server's maximum); None: the server's default."""
     memory_mb: int | None = Field(default=None, ge=1)
     """Memory cap in MB (clamped to the server's maximum)."""

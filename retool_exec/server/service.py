@@ -82,6 +82,8 @@ class SandboxService:
         """Run one SandboxFusion request; also returns retool_exec's finer outcome."""
         _check_language(request.language)
         files = check_files(request.files, request.fetch_files, self.settings)
+        _check_seconds("run_timeout", request.run_timeout)
+        _check_seconds("compile_timeout", request.compile_timeout, zero_ok=True)
         timeout = self.clamp_timeout(request.run_timeout)
         memory = self.clamp_memory(request.memory_limit_MB)
         stdin = None if request.stdin is None else request.stdin.encode("utf-8", "replace")
@@ -125,10 +127,10 @@ class SandboxService:
                 status=413,
             )
         files = check_files(request.files, request.fetch_files, self.settings)
+        _check_seconds("total_timeout", request.total_timeout)
+        _check_seconds("cell_timeout", request.cell_timeout, zero_ok=True)
         total = self.clamp_timeout(request.total_timeout)
-        cell_timeout = request.cell_timeout
-        cell_timeout = min(cell_timeout, total) if math.isfinite(cell_timeout) else 0.0
-        cell_timeout = max(0.0, cell_timeout)
+        cell_timeout = min(request.cell_timeout, total)
         self._check_size("".join(request.cells))
         with _bad_input():
             call = RunRequest(
@@ -194,8 +196,9 @@ class SandboxService:
     # -- limits ----------------------------------------------------------------------
 
     def clamp_timeout(self, requested: float | None) -> float:
-        """The wall-clock limit for a call: the default when absent or not positive,
-        never above the server's maximum."""
+        """The wall-clock limit for a call: the default when absent (or not a positive
+        number, which a request is refused for before it gets here), never above the
+        server's maximum."""
         settings = self.settings
         if requested is None or not math.isfinite(requested) or requested <= 0:
             requested = settings.default_run_timeout
@@ -251,6 +254,17 @@ class SandboxService:
         if result.outcome is Outcome.SANDBOX_ERROR:
             log.warning("sandbox error: %s", result.detail)
         return command_result(result, stdout=stdout, stderr=stderr)
+
+
+def _check_seconds(field: str, value: float | None, *, zero_ok: bool = False) -> None:
+    """Refuse (400) a limit that is not a finite number of seconds above zero (or zero).
+
+    A silent default would run the code under a limit the client never asked for.
+    """
+    if value is None or (math.isfinite(value) and (value > 0 or (zero_ok and value == 0))):
+        return
+    wanted = "zero or more" if zero_ok else "more than zero"
+    raise RequestRejected(f"{field} must be a finite number of seconds, {wanted}; got {value!r}")
 
 
 def _check_language(language: str) -> None:

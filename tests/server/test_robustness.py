@@ -225,3 +225,46 @@ def test_token_is_enforced_when_set(client: httpx.Client) -> None:
         assert client.get(f"{url}/v1/metrics").status_code == 401
         assert client.get(f"{url}/v1/ping").json() == "pong"
         assert client.get(f"{url}/p/v1/ping").json() == "pong"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    ["0", "-1", "-0.5", "NaN", "Infinity", "-Infinity", "1e999", '"nan"', '"inf"'],
+)
+def test_run_timeout_that_is_not_a_positive_finite_number_is_400(
+    local_url: str, client: httpx.Client, raw: str
+) -> None:
+    # A silent default would run the code under a limit the client never asked for.
+    response = client.post(
+        f"{local_url}/run_code",
+        content=f'{{"code": "print(1)", "run_timeout": {raw}}}'.encode(),
+        headers={"content-type": "application/json"},
+    )
+    assert response.status_code == 400
+    assert "run_timeout" in response.json()["detail"]
+    still_serving(local_url, client)
+
+
+@pytest.mark.parametrize(
+    ("field", "raw"),
+    [
+        ("compile_timeout", "NaN"),
+        ("compile_timeout", "-1"),
+        ("total_timeout", "0"),
+        ("total_timeout", "NaN"),
+        ("cell_timeout", "-1"),
+        ("cell_timeout", "Infinity"),
+    ],
+)
+def test_other_timeouts_that_are_not_numbers_of_seconds_are_400(
+    local_url: str, client: httpx.Client, field: str, raw: str
+) -> None:
+    path = "/run_code" if field == "compile_timeout" else "/run_jupyter"
+    code = '"code": "print(1)"' if path == "/run_code" else '"cells": ["print(1)"]'
+    response = client.post(
+        f"{local_url}{path}",
+        content=f'{{{code}, "{field}": {raw}}}'.encode(),
+        headers={"content-type": "application/json"},
+    )
+    assert response.status_code == 400
+    assert field in response.json()["detail"]
