@@ -60,6 +60,20 @@ class TestBackendContract:
         assert result.latency > 0
         assert sandbox.format_tool_content(result) == "5\n"
 
+    def test_localhost_resolves_and_a_loopback_server_answers(self, sandbox: Sandbox) -> None:
+        """Code written for SandboxFusion binds and connects to ``localhost`` (issue 12.12)."""
+        result = sandbox.run_code(
+            "import socket\n"
+            "server = socket.socket()\n"
+            "server.bind(('localhost', 0))\n"
+            "server.listen(1)\n"
+            "client = socket.create_connection(('localhost', server.getsockname()[1]), timeout=5)\n"
+            "peer, _ = server.accept()\n"
+            "client.sendall(b'ping')\n"
+            "print(socket.gethostbyname('localhost'), peer.recv(4).decode())\n"
+        )
+        assert (result.outcome, result.stdout) == (Outcome.SUCCESS, "127.0.0.1 ping\n"), result
+
     def test_runtime_error_gives_a_traceback_in_sandbox_file(self, sandbox: Sandbox) -> None:
         result = sandbox.run_code("x = 1\nprint(1 / 0)")
         assert not result.ok

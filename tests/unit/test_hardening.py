@@ -14,10 +14,11 @@ def spec(**overrides: object):  # type: ignore[no-untyped-def]
     return container_spec(DockerConfig(**overrides), image="img:tag", labels={"k": "v"})
 
 
-def test_network_is_none_and_disabled() -> None:
+def test_network_is_none() -> None:
     s = spec()
-    assert s.host_config["network_mode"] == "none"
-    assert s.create["network_disabled"] is True
+    assert s.host_config["network_mode"] == "none"  # a namespace with loopback only
+    # NetworkDisabled would add nothing to that, and would leave /etc/hosts empty.
+    assert s.create["network_disabled"] is False
 
 
 def test_root_is_read_only_and_tmp_is_a_capped_tmpfs() -> None:
@@ -120,7 +121,6 @@ FORBIDDEN_HOST_CONFIG = {
     "cgroupns",
     "sysctls",
     "links",
-    "extra_hosts",
     "dns",
     "port_bindings",
     "publish_all_ports",
@@ -135,6 +135,8 @@ FORBIDDEN_HOST_CONFIG = {
 def test_nothing_dangerous_is_ever_written(overrides: dict[str, object]) -> None:
     s = spec(**overrides)
     assert not FORBIDDEN_HOST_CONFIG & set(s.host_config)
+    # The one name mapping written: localhost to the container's own loopback.
+    assert s.host_config.get("extra_hosts") == {"localhost": "127.0.0.1"}
     assert not {"ALL", "SYS_ADMIN", "SYS_PTRACE", "NET_ADMIN"} & set(s.host_config["cap_add"])
     assert "volumes" not in s.create
     assert s.host_config["ipc_mode"] != "host"
@@ -177,3 +179,9 @@ def test_each_container_gets_its_own_calls_uid_recorded_in_a_label() -> None:
     assert base.create["command"] != command  # the shared spec is not changed
     with pytest.raises(ValueError):
         with_sandbox_uid(base, 65534, "uid-label")
+
+
+def test_localhost_resolves_without_a_network() -> None:
+    s = spec()
+    assert s.host_config["network_mode"] == "none"
+    assert s.host_config["extra_hosts"] == {"localhost": "127.0.0.1"}

@@ -103,6 +103,10 @@ def container_spec(config: DockerConfig, *, image: str, labels: Mapping[str, str
     )
     host_config: dict[str, Any] = {
         "network_mode": "none",
+        # With no network Docker writes an empty /etc/hosts; one mapping makes it write
+        # its standard file, so ``localhost`` resolves (code written for SandboxFusion
+        # binds or connects to it).
+        "extra_hosts": {"localhost": "127.0.0.1"},
         "read_only": True,
         "tmpfs": {"/tmp": tmpfs_options},
         "mem_limit": memory,
@@ -145,7 +149,7 @@ def container_spec(config: DockerConfig, *, image: str, labels: Mapping[str, str
         "labels": dict(labels),
         "stdin_open": True,
         "tty": False,
-        "network_disabled": True,
+        "network_disabled": False,  # True would empty /etc/hosts; network_mode none isolates
     }
     return ContainerSpec(create=create, host_config=host_config)
 
