@@ -14,31 +14,37 @@ from collections.abc import Iterator
 
 import pytest
 
-from retool_exec import DockerConfig, LocalConfig, Sandbox
+from retool_exec import BackendConfigBase, Sandbox
+from retool_exec.backends.registry import BUILTIN_BACKENDS
+from retool_exec.backends.registry import backend_config as table_config
 
 REQUIRE_DOCKER = os.environ.get("RETOOL_EXEC_REQUIRE_DOCKER") == "1"
 TEST_LABEL = "org.retool_exec.test"
 
-# name -> config; the docker ones are filled in by tests/docker_support.py.
-BACKEND_IDS = ["local", "docker-fresh", "docker-reuse", "docker-runsc"]
+BACKEND_IDS = [
+    spec.name for spec in BUILTIN_BACKENDS if spec.alias_of is None and spec.name != "fake"
+]
+"""The backends the shared tests run on: every name of the backend table but aliases and
+``fake`` (which runs nothing)."""
 SESSION_ID = f"{os.getpid()}"
 LABELS = {TEST_LABEL: SESSION_ID}
 """Labels for every container a test creates; the value tells this session's apart."""
 
+TEST_SETTINGS: dict[str, dict[str, object]] = {
+    "docker-fresh": {"pool_size": 4},
+    "docker-reuse": {"pool_size": 2},
+    "docker-runsc": {"pool_size": 2},
+}
+"""What the tests change on top of the table's configs (small pools; labelled containers)."""
 
-def backend_config(backend_id: str, *, timeout: float = 10.0) -> LocalConfig | DockerConfig:
-    """The config behind each backend id used to parametrize the shared tests."""
-    if backend_id == "local":
-        return LocalConfig(timeout=timeout)
-    if backend_id == "docker-fresh":
-        return DockerConfig(timeout=timeout, policy="fresh", pool_size=4, labels=LABELS)
-    if backend_id == "docker-reuse":
-        return DockerConfig(timeout=timeout, policy="reuse", pool_size=2, labels=LABELS)
-    if backend_id == "docker-runsc":
-        return DockerConfig(
-            timeout=timeout, policy="reuse", pool_size=2, runtime="runsc", labels=LABELS
-        )
-    raise ValueError(backend_id)
+
+def backend_config(backend_id: str, *, timeout: float = 10.0) -> BackendConfigBase:
+    """The config behind each backend id used to parametrize the shared tests: the table's,
+    with a short timeout, a small pool and this session's labels."""
+    settings: dict[str, object] = {"timeout": timeout, **TEST_SETTINGS.get(backend_id, {})}
+    if backend_id != "local":
+        settings["labels"] = LABELS
+    return table_config(backend_id, settings)
 
 
 def docker_available() -> str | None:
