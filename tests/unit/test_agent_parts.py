@@ -112,3 +112,32 @@ def test_measure_reads_this_machine() -> None:
     facts = reset.measure()
     assert isinstance(facts["fds"], int) and facts["fds"] > 0
     assert isinstance(facts["net:unix"], int | None)
+
+
+def test_the_supervisor_keeps_a_bounded_tail_and_counts_what_fell_off() -> None:
+    from retool_exec.backends.docker.agent.supervisor import Tail
+
+    tail = Tail(8)
+    tail.feed("é".encode() * 10)  # 20 bytes, 10 characters
+    assert tail.text() == "éééé" and tail.dropped == 6
+
+
+def test_cell_records_from_the_child_are_bounded_and_typed() -> None:
+    from retool_exec.backends.docker.agent.supervisor import _display, _errors
+
+    assert _display([{"text/plain": "x" * 100_000}, {"text/plain": "second"}]) == [
+        {"text/plain": "x" * 65536}
+    ]
+    assert _display("not a list") == [] and _errors({"ename": 1}) == []
+    [error] = _errors([{"ename": "E" * 1000, "evalue": 5, "traceback": ["l"] * 100}])
+    assert len(error["ename"]) == 256 and error["evalue"] == "5" and len(error["traceback"]) == 50
+
+
+def test_a_cells_last_expression_is_its_display_value() -> None:
+    from retool_exec.backends.docker.agent.zygote import _run_cell
+
+    namespace: dict[str, object] = {}
+    assert _run_cell("x = 2\nx * 21", namespace, 0) == 42
+    assert _run_cell("y = x", namespace, 1) is None and namespace["y"] == 2
+    with pytest.raises(ZeroDivisionError):
+        _run_cell("1/0", namespace, 2)
