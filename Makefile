@@ -24,7 +24,7 @@ image: setup docker-up
 
 demo: setup docker-up image
 	$(BIN)/retool-exec doctor
-	$(BIN)/retool-exec run --backend docker 'import sympy as sp; x = sp.symbols("x"); print(sp.solve(x**2 - 2, x))'
+	$(BIN)/retool-exec run --backend docker -c 'import sympy as sp; x = sp.symbols("x"); print(sp.solve(x**2 - 2, x))'
 
 test: setup
 	$(BIN)/python -m pytest -q

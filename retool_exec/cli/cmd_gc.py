@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from retool_exec._errors import RetoolExecError
+from retool_exec.cli._common import EXIT_STATUS_HELP
 
 __all__ = ["register"]
 
@@ -20,9 +20,14 @@ def register(subparsers: Any) -> None:
             "Remove retool_exec containers whose owner process on this host has exited "
             "(crashed trainers, killed notebooks). Live pools are left alone."
         ),
+        epilog="Exit status: 0 nothing left to remove; 1 a container could not be removed.\n"
+        + EXIT_STATUS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--dry-run", action="store_true", help="list, do not remove")
-    parser.add_argument("--docker-host", default=None)
+    parser.add_argument(
+        "--docker-host", default=None, metavar="URL", help="daemon address (DOCKER_HOST)"
+    )
     parser.set_defaults(handler=_handle)
 
 
@@ -32,11 +37,7 @@ def _handle(args: argparse.Namespace) -> int:
     from retool_exec.backends.docker.client import connect
     from retool_exec.backends.docker.containers import find_orphans, remove_container
 
-    try:
-        client = connect(args.docker_host)
-    except RetoolExecError as exc:
-        print(f"retool-exec gc: {exc}", file=sys.stderr)
-        return 1
+    client = connect(args.docker_host)  # unreachable: one line and its status (cli.main)
     failed = 0
     try:
         orphans = find_orphans(client)

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from retool_exec._errors import RetoolExecError
+from retool_exec.cli._common import EXIT_STATUS_HELP
 
 __all__ = ["register"]
 
@@ -17,6 +17,7 @@ def register(subparsers: Any) -> None:
         "image",
         help="build or list the sandbox image",
         description="Build the sandbox image from Debian's packages (no registry), or list it.",
+        epilog=EXIT_STATUS_HELP,
     )
     actions = parser.add_subparsers(dest="image_action", metavar="ACTION", required=True)
     build = actions.add_parser("build", help="build the image unless it is already present")
@@ -29,7 +30,9 @@ def register(subparsers: Any) -> None:
     build.add_argument("--docker-host", default=None, help="daemon address (default: DOCKER_HOST)")
     build.set_defaults(handler=_build)
     listing = actions.add_parser("ls", help="list sandbox images")
-    listing.add_argument("--docker-host", default=None)
+    listing.add_argument(
+        "--docker-host", default=None, help="daemon address (default: DOCKER_HOST)"
+    )
     listing.set_defaults(handler=_list)
 
 
@@ -41,17 +44,13 @@ def _build(args: argparse.Namespace) -> int:
     from retool_exec.backends.docker.client import connect
     from retool_exec.backends.docker.image import build_image
 
+    client = connect(args.docker_host)
     try:
-        client = connect(args.docker_host)
-        try:
-            info = build_image(
-                client, force=args.force, progress=_progress, install_tools=args.install_tools
-            )
-        finally:
-            client.close()
-    except RetoolExecError as exc:
-        print(f"retool-exec image build: {exc}", file=sys.stderr)
-        return 1
+        info = build_image(
+            client, force=args.force, progress=_progress, install_tools=args.install_tools
+        )
+    finally:
+        client.close()
     state = "built" if info.built else "present"
     print(f"{info.tag}  {info.size_bytes / 1e6:.0f} MB  ({state})")
     return 0
@@ -61,15 +60,11 @@ def _list(args: argparse.Namespace) -> int:
     from retool_exec.backends.docker.client import connect
     from retool_exec.backends.docker.image import image_tag, list_images
 
+    client = connect(args.docker_host)
     try:
-        client = connect(args.docker_host)
-        try:
-            images = list_images(client)
-        finally:
-            client.close()
-    except RetoolExecError as exc:
-        print(f"retool-exec image ls: {exc}", file=sys.stderr)
-        return 1
+        images = list_images(client)
+    finally:
+        client.close()
     current = image_tag()
     print(f"{'TAG':<40} {'SIZE':>8}  {'CREATED':<20} CURRENT")
     for info in images:

@@ -1,19 +1,26 @@
-"""``retool-exec run``: run one piece of code and print what the model would see."""
+"""``retool-exec run``: run one program, as ``python`` would, and print what the model would see."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, TextIO
 
-from retool_exec._errors import RetoolExecError
 from retool_exec._models import ExecResult, Outcome
 from retool_exec._sandbox import Sandbox
-from retool_exec.backends.registry import available_backends
+from retool_exec.backends.config import BackendConfigBase, FakeConfig, LocalConfig
+from retool_exec.cli._common import (
+    EXIT_STATUS_HELP,
+    SETTINGS_HELP,
+    UsageError,
+    add_settings_options,
+    backend_list,
+    build_configs,
+)
 from retool_exec.cli._terminal import write_untrusted
 
-__all__ = ["EXIT_STATUS", "exit_status", "register"]
+__all__ = ["EXIT_STATUS", "ONE_OFF_DEFAULTS", "exit_status", "read_code", "register"]
 
 EXIT_STATUS = {
     Outcome.SUCCESS: 0,
@@ -26,13 +33,34 @@ EXIT_STATUS = {
     Outcome.SANDBOX_ERROR: 70,
 }
 
-_EPILOG = """\
-SOURCE is code, a file name, or - for standard input (a SOURCE that names an
-existing file is read from it; pass --code to force the text to be code).
+ONE_OFF_DEFAULTS: dict[str, Any] = {"pool_size": 1}
+"""One program needs one container, not a warm pool (``--set pool_size=N`` still wins)."""
 
-Exit status: 0 success, 1 the code failed, 124 timeout, 125 out of memory,
-126 CPU-time limit, 128 killed by a signal, 65 code rejected (too large),
-70 the sandbox itself failed, 2 usage or configuration error.
+STARTING = "starting sandbox…"
+"""Said on stderr, when it is a terminal, while a container backend starts."""
+
+
+def _epilog() -> str:
+    return f"""\
+Like python: FILE is a program (read as UTF-8, a BOM allowed), - reads the
+program from standard input, and -c CODE runs CODE. A FILE that does not
+exist is an error, never run as code.
+
+Backends (--backend NAME, default local):
+{backend_list()}
+
+{SETTINGS_HELP}
+One run starts one container (pool_size=1).
+
+Exit status: the code's outcome: 0 success, 1 the code failed, 124 timeout,
+125 out of memory, 126 CPU-time limit, 128+N killed by signal N, 65 code
+rejected (too large), 70 the sandbox itself failed.
+{EXIT_STATUS_HELP}
+
+Examples:
+  retool-exec run -c 'print(2 + 3)'
+  retool-exec run --backend docker --json script.py
+  retool-exec run --backend docker-runsc --set memory_mb=512 - < script.py
 """
 
 
@@ -40,36 +68,54 @@ def register(subparsers: Any) -> None:
     """Add the ``run`` subcommand."""
     parser = subparsers.add_parser(
         "run",
-        help="run code and print what the model would see",
-        description="Run Python code in a sandbox and print the tool observation.",
-        epilog=_EPILOG,
+        help="run a program and print what the model would see",
+        description="Run a Python program in a sandbox and print the tool observation.",
+        epilog=_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("source", metavar="SOURCE", help="code, a file, or - for stdin")
     parser.add_argument(
-        "--backend",
-        default="local",
-        help=f"backend name (default: local; available: {', '.join(available_backends())})",
+        "file", metavar="FILE", nargs="?", default=None, help="program file, or - for stdin"
     )
+    parser.add_argument("-c", dest="code", metavar="CODE", default=None, help="program text")
+    parser.add_argument("--backend", default="local", metavar="NAME", help="backend (local)")
     parser.add_argument("--timeout", type=float, default=None, help="wall-clock seconds (30)")
     parser.add_argument("--json", action="store_true", help="print the full ExecResult as JSON")
     parser.add_argument(
         "--auto-print", action="store_true", help="print the value of a final expression"
     )
-    parser.add_argument("--code", action="store_true", help="treat SOURCE as code, never a file")
+    parser.add_argument("--runtime", default=None, help="docker: OCI runtime, e.g. runsc")
+    parser.add_argument(
+        "--docker-host", default=None, metavar="URL", help="docker: daemon address (DOCKER_HOST)"
+    )
+    add_settings_options(parser)
     parser.set_defaults(handler=_handle)
 
 
-def read_source(source: str, *, force_code: bool = False) -> str:
-    """The code named by SOURCE: stdin for ``-``, a file's text, or SOURCE itself."""
-    if force_code:
-        return source
-    if source == "-":
-        return sys.stdin.read()
-    path = Path(source)
-    if "\n" not in source and len(source) < 4096 and path.is_file():
-        return path.read_text(encoding="utf-8", errors="surrogateescape")
-    return source
+def _decode(data: bytes, name: str) -> str:
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{name} is not UTF-8 text (byte {exc.start}: {exc.reason})") from exc
+
+
+def read_code(file: str | None, code: str | None, stdin: BinaryIO | None = None) -> str:
+    """The program: ``-c CODE``, standard input for ``-``, or FILE's UTF-8 text."""
+    if code is not None and file is not None:
+        raise UsageError("give a FILE or -c CODE, not both")
+    if code is not None:
+        return code
+    if file is None:
+        raise UsageError("nothing to run: give a FILE, - for standard input, or -c CODE")
+    if file == "-":
+        return _decode((stdin or sys.stdin.buffer).read(), "standard input")
+    path = Path(file)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError as exc:
+        raise UsageError(f"no such file: {file!r} (to run code as text, use -c CODE)") from exc
+    except OSError as exc:
+        raise UsageError(f"cannot read {file!r}: {exc.strerror or exc}") from exc
+    return _decode(data, repr(file))
 
 
 def exit_status(result: ExecResult) -> int:
@@ -80,18 +126,42 @@ def exit_status(result: ExecResult) -> int:
     return status
 
 
-def _handle(args: argparse.Namespace) -> int:
+def build_config(args: argparse.Namespace) -> BackendConfigBase:
+    """The backend config the arguments describe (one container for a one-off run)."""
+    flags = {
+        key: (value, flag)
+        for key, value, flag in (
+            ("runtime", args.runtime, "--runtime"),
+            ("docker_host", args.docker_host, "--docker-host"),
+        )
+        if value is not None
+    }
+    return build_configs([args.backend], args, defaults=ONE_OFF_DEFAULTS, flags=flags)[args.backend]
+
+
+def _start(sandbox: Sandbox, config: BackendConfigBase, stderr: TextIO) -> None:
+    """Start the backend; say so on a terminal when it is one that takes a while."""
+    slow = not isinstance(config, LocalConfig | FakeConfig)
+    tell = slow and stderr.isatty()
+    if tell:
+        stderr.write(STARTING)
+        stderr.flush()
     try:
-        code = read_source(args.source, force_code=args.code)
-        with Sandbox(args.backend, timeout=args.timeout, auto_print=args.auto_print) as sandbox:
-            result = sandbox.run_code(code)
-            text = (
-                result.model_dump_json(indent=2)
-                if args.json
-                else (sandbox.format_tool_content(result))
-            )
-    except (RetoolExecError, OSError) as exc:
-        print(f"retool-exec run: {exc}", file=sys.stderr)
-        return 2
+        sandbox.start()
+    finally:
+        if tell:
+            stderr.write("\r\x1b[K")  # erase the line again
+            stderr.flush()
+
+
+def _handle(args: argparse.Namespace) -> int:
+    code = read_code(args.file, args.code)
+    config = build_config(args)
+    with Sandbox(config, timeout=args.timeout, auto_print=args.auto_print) as sandbox:
+        _start(sandbox, config, sys.stderr)
+        result = sandbox.run_code(code)
+        text = (
+            result.model_dump_json(indent=2) if args.json else sandbox.format_tool_content(result)
+        )
     write_untrusted(text)
     return exit_status(result)

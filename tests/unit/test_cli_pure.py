@@ -1,4 +1,4 @@
-"""The CLI's pure helpers: terminal escaping and exit statuses."""
+"""The CLI's pure helpers: terminal escaping, exit statuses, reading the program to run."""
 
 from __future__ import annotations
 
@@ -7,9 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from retool_exec import ExecResult, Outcome
-from retool_exec.cli._terminal import escape_controls, write_untrusted
-from retool_exec.cli.cmd_run import exit_status, read_source
+from retool_exec import ConfigError, ExecResult, Outcome
+from retool_exec._text import escape_controls
+from retool_exec.cli import _terminal
+from retool_exec.cli._common import UsageError
+from retool_exec.cli._terminal import write_untrusted
+from retool_exec.cli.cmd_run import exit_status, read_code
 
 
 def test_escape_controls_escapes_esc() -> None:
@@ -83,15 +86,52 @@ def test_every_outcome_has_an_exit_status() -> None:
         assert 0 <= exit_status(result) <= 255
 
 
-def test_read_source_force_code() -> None:
-    assert read_source("README.md", force_code=True) == "README.md"
+def test_escape_controls_lives_in_the_library_and_the_cli_reuses_it() -> None:
+    assert _terminal.escape_controls is escape_controls
 
 
-def test_read_source_plain_code() -> None:
-    assert read_source("print(1)") == "print(1)"
+def test_read_code_takes_dash_c_as_code_never_as_a_file() -> None:
+    assert read_code(None, "README.md") == "README.md"
 
 
-def test_read_source_reads_an_existing_file(tmp_path: Path) -> None:
+def test_read_code_reads_an_existing_file(tmp_path: Path) -> None:
     path = tmp_path / "code.py"
     path.write_text("x = 'é'\n", encoding="utf-8")
-    assert read_source(str(path)) == "x = 'é'\n"
+    assert read_code(str(path), None) == "x = 'é'\n"
+
+
+def test_read_code_strips_a_utf8_bom(tmp_path: Path) -> None:
+    path = tmp_path / "bom.py"
+    path.write_bytes(b"\xef\xbb\xbfprint('hi')\n")
+    assert read_code(str(path), None) == "print('hi')\n"
+
+
+def test_read_code_refuses_a_missing_file_instead_of_running_it_as_code() -> None:
+    with pytest.raises(UsageError, match=r"no such file: 'print\(1\)'.*-c CODE"):
+        read_code("print(1)", None)
+
+
+def test_read_code_refuses_text_that_is_not_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.py"
+    path.write_bytes(b"print('\xe9')\n")
+    with pytest.raises(UsageError, match="not UTF-8"):
+        read_code(str(path), None)
+
+
+def test_read_code_reads_stdin_for_dash() -> None:
+    assert read_code("-", None, io.BytesIO(b"\xef\xbb\xbfprint(2)\n")) == "print(2)\n"
+
+
+def test_read_code_refuses_a_directory(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="cannot read"):
+        read_code(str(tmp_path), None)
+
+
+@pytest.mark.parametrize(("file", "code"), [(None, None), ("x.py", "print(1)")])
+def test_read_code_needs_exactly_one_program(file: str | None, code: str | None) -> None:
+    with pytest.raises(UsageError):
+        read_code(file, code)
+
+
+def test_usage_errors_are_config_errors() -> None:
+    assert issubclass(UsageError, ConfigError)
