@@ -35,7 +35,7 @@ from retool_exec._sandbox import Sandbox
 from retool_exec.backends.base import Backend
 from retool_exec.backends.config import BackendConfigBase
 from retool_exec.backends.registry import _config_class
-from retool_exec.server.admission import Overloaded
+from retool_exec.server.admission import ClientGone, Overloaded
 from retool_exec.server.files import RequestRejected
 from retool_exec.server.guards import BodyLimitMiddleware, TokenMiddleware
 from retool_exec.server.schemas import (
@@ -114,7 +114,7 @@ def _sandbox_for(
 ) -> tuple[Sandbox, bool]:
     if isinstance(spec, Sandbox):
         return spec, False
-    workers = settings.max_concurrency or 8
+    workers = settings.max_concurrency  # None: as many as the backend runs at once
     if isinstance(spec, Backend):
         return Sandbox(spec, max_workers=workers), True
     config = _config_class(spec)() if isinstance(spec, str) else spec
@@ -140,7 +140,7 @@ def _router(service: SandboxService) -> APIRouter:
     async def run_code(request: Request) -> Response:
         """Run code (SandboxFusion's API)."""
         body = _parse(RunCodeRequest, await request.body())
-        response, outcome = await service.run_code(body)
+        response, outcome = await service.run_code(body, gone=request.is_disconnected)
         return _answer(response, outcome)
 
     @router.post(
@@ -152,7 +152,7 @@ def _router(service: SandboxService) -> APIRouter:
     async def run_jupyter(request: Request) -> Response:
         """Run notebook cells in order in one sandbox (SandboxFusion's API)."""
         body = _parse(RunJupyterRequest, await request.body())
-        response, outcome = await service.run_jupyter(body)
+        response, outcome = await service.run_jupyter(body, gone=request.is_disconnected)
         return _answer(response, outcome)
 
     @router.post(
@@ -163,7 +163,8 @@ def _router(service: SandboxService) -> APIRouter:
     )
     async def exec_code(request: Request) -> Response:
         """Run code and get retool_exec's full ``ExecResult``."""
-        result = await service.exec(_parse(ExecRequest, await request.body()))
+        body = _parse(ExecRequest, await request.body())
+        result = await service.exec(body, gone=request.is_disconnected)
         return Response(
             result.model_dump_json(),
             media_type="application/json",
@@ -191,6 +192,11 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Overloaded)
     async def overloaded(_request: Request, exc: Exception) -> Response:
         return JSONResponse({"detail": str(exc)}, status_code=504, headers={"Retry-After": "1"})
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(_request: Request, exc: Exception) -> Response:
+        # Nobody reads this: the connection is closed. 499 is nginx's "client closed".
+        return JSONResponse({"detail": str(exc)}, status_code=499)
 
 
 class _InvalidBody(RequestRejected):

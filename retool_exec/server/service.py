@@ -50,6 +50,9 @@ __all__ = ["PYTHON_LANGUAGES", "SandboxService"]
 
 log = logging.getLogger("retool_exec.server")
 
+Disconnected = Callable[[], Awaitable[bool]]
+"""Tells whether the request's client has gone (Starlette's ``request.is_disconnected``)."""
+
 PYTHON_LANGUAGES = frozenset({"python", "python3", "py"})
 """``language`` values served; SandboxFusion's other languages are refused with 400."""
 
@@ -62,7 +65,7 @@ class SandboxService:
         self.settings = settings
         self.owned = owned
         self.admission = Admission(
-            max_concurrency=settings.max_concurrency or sandbox.max_workers,
+            max_concurrency=_run_slots(sandbox, settings),
             max_queue=settings.max_queue,
             queue_timeout=settings.queue_timeout,
         )
@@ -78,8 +81,14 @@ class SandboxService:
 
     # -- POST /run_code ----------------------------------------------------------
 
-    async def run_code(self, request: RunCodeRequest) -> tuple[RunCodeResponse, Outcome]:
-        """Run one SandboxFusion request; also returns retool_exec's finer outcome."""
+    async def run_code(
+        self, request: RunCodeRequest, *, gone: Disconnected | None = None
+    ) -> tuple[RunCodeResponse, Outcome]:
+        """Run one SandboxFusion request; also returns retool_exec's finer outcome.
+
+        It waits for a slot at most ``queue_budget`` seconds, and not at all
+        once ``gone`` says the client left.
+        """
         _check_language(request.language)
         files = check_files(request.files, request.fetch_files, self.settings)
         _check_seconds("run_timeout", request.run_timeout)
@@ -98,7 +107,9 @@ class SandboxService:
                 stdin=stdin,
                 files=files.uploads,
                 fetch=files.fetch_paths,
-            )
+            ),
+            wait=self.queue_budget(request.compile_timeout, request.run_timeout, timeout),
+            gone=gone,
         )
         run_result = self._command(result)
         fetched, fetch_note = fetched_files(result, files, self.settings.max_fetch_bytes)
@@ -116,8 +127,14 @@ class SandboxService:
 
     # -- POST /run_jupyter -------------------------------------------------------
 
-    async def run_jupyter(self, request: RunJupyterRequest) -> tuple[RunJupyterResponse, Outcome]:
-        """Run notebook cells in order in one sandbox; also returns the call's outcome."""
+    async def run_jupyter(
+        self, request: RunJupyterRequest, *, gone: Disconnected | None = None
+    ) -> tuple[RunJupyterResponse, Outcome]:
+        """Run notebook cells in order in one sandbox; also returns the call's outcome.
+
+        It waits for a slot at most ``queue_timeout`` seconds (a notebook request
+        has no time of its own to spare), and not at all once ``gone``.
+        """
         if request.kernel.lower() not in {"python3", "python"}:
             raise RequestRejected(f"kernel {request.kernel[:40]!r} is not served; use 'python3'")
         count = len(request.cells)
@@ -142,7 +159,10 @@ class SandboxService:
                 files=files.uploads,
                 fetch=files.fetch_paths,
             )
-        result = await self._run(lambda: self._run_request(call)) if count else _no_cells()
+        if count:
+            result = await self._run(lambda: self._run_request(call), gone=gone)
+        else:
+            result = _no_cells()
         driver = self._command(result)
         cells, finished, cells_note = notebook_cells(
             result,
@@ -169,13 +189,17 @@ class SandboxService:
 
     # -- POST /v1/exec -------------------------------------------------------------
 
-    async def exec(self, request: ExecRequest) -> ExecResult:
-        """retool_exec's own call: an ExecResult, streams cut to ``output_chars``."""
+    async def exec(self, request: ExecRequest, *, gone: Disconnected | None = None) -> ExecResult:
+        """retool_exec's own call: an ExecResult, streams cut to ``output_chars``.
+
+        It waits for a slot at most ``queue_timeout`` seconds, and not at all once ``gone``.
+        """
         self._check_size(request.code)
         timeout = self.clamp_timeout(request.timeout)
         memory = self.clamp_memory(request.memory_mb)
         result = await self._run(
-            lambda: self.sandbox.arun_code(request.code, timeout=timeout, memory_mb=memory)
+            lambda: self.sandbox.arun_code(request.code, timeout=timeout, memory_mb=memory),
+            gone=gone,
         )
         limit = self.settings.output_chars
         stdout, stdout_dropped = cut_stream(result.stdout, result.stdout_dropped_chars, limit)
@@ -204,6 +228,22 @@ class SandboxService:
             requested = settings.default_run_timeout
         return min(requested, settings.max_run_timeout)
 
+    def queue_budget(
+        self, compile_timeout: float, run_timeout: float | None, applied_timeout: float
+    ) -> float:
+        """Seconds a ``/run_code`` request may wait for a slot, from its own timeouts.
+
+        A SandboxFusion client allows a request ``compile_timeout + run_timeout``
+        seconds and more (verl: ``+ 10`` s), since SandboxFusion may spend that
+        long compiling and running it. Python compiles nothing, so the request may
+        wait ``compile_timeout``, plus whatever part of ``run_timeout`` the server
+        clamped away: waiting and running together then take no longer than
+        SandboxFusion could have, and a 504 reaches the client before its read
+        timeout. ``Admission`` caps this at ``queue_timeout``.
+        """
+        asked = self.settings.default_run_timeout if run_timeout is None else run_timeout
+        return compile_timeout + max(0.0, asked - applied_timeout)
+
     def clamp_memory(self, requested: int | None) -> int | None:
         """The memory cap for a call: below 1 (SandboxFusion's -1) means the server's cap."""
         ceiling = self.settings.max_memory_mb
@@ -221,8 +261,14 @@ class SandboxService:
                 status=413,
             )
 
-    async def _run(self, call: Callable[[], Awaitable[ExecResult]]) -> ExecResult:
-        async with self.admission.slot():
+    async def _run(
+        self,
+        call: Callable[[], Awaitable[ExecResult]],
+        *,
+        wait: float | None = None,
+        gone: Disconnected | None = None,
+    ) -> ExecResult:
+        async with self.admission.slot(wait=wait, gone=gone):
             started = time.perf_counter()
             try:
                 return await call()
@@ -254,6 +300,25 @@ class SandboxService:
         if result.outcome is Outcome.SANDBOX_ERROR:
             log.warning("sandbox error: %s", result.detail)
         return command_result(result, stdout=stdout, stderr=stderr)
+
+
+def _run_slots(sandbox: Sandbox, settings: ServerSettings) -> int:
+    """Requests the server runs at once: never more than the sandbox runs at once.
+
+    Any more would wait in the Sandbox's own queue, where no deadline of the
+    server's applies and ``/v1/metrics`` does not see them.
+    """
+    slots = sandbox.concurrency
+    wanted = settings.max_concurrency
+    if wanted is not None and wanted > slots:
+        log.warning(
+            "max_concurrency=%d is more than the sandbox runs at once (%d: its max_workers "
+            "or the backend's capacity, e.g. a Docker pool_size); the server runs %d at once",
+            wanted,
+            slots,
+            slots,
+        )
+    return slots if wanted is None else min(wanted, slots)
 
 
 def _check_seconds(field: str, value: float | None, *, zero_ok: bool = False) -> None:

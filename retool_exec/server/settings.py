@@ -35,12 +35,17 @@ class ServerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_concurrency: int | None = Field(default=None, ge=1, le=4096)
-    """Requests running at once; None uses the sandbox's ``max_workers``."""
+    """Requests running at once; None: as many as the sandbox runs at once (its
+    ``concurrency``: ``max_workers``, or a Docker pool's ``pool_size`` if smaller),
+    which is also the most this may be (a larger value is lowered, with a warning)."""
     max_queue: int = Field(default=256, ge=0, le=1 << 20)
     """Requests that may wait for a slot; one more is refused at once with HTTP 504."""
     queue_timeout: float | None = Field(default=30.0, gt=0)
-    """Seconds a request may wait for a slot before it is refused with HTTP 504
-    (clients such as verl retry on 504); None waits as long as it takes."""
+    """The most seconds any request waits for a slot before it is refused with HTTP
+    504 (clients such as verl retry on 504); None: no cap. A ``/run_code`` request
+    waits less when its own timeouts say so: at most its ``compile_timeout`` plus
+    the part of its ``run_timeout`` clamped away (``SandboxService.queue_budget``),
+    so the 504 reaches the client before its read timeout."""
     token: SecretStr | None = None
     """When set, every endpoint except ``/v1/ping`` needs ``Authorization: Bearer
     <token>`` (or HTTP Basic auth with the token as the password)."""

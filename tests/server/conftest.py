@@ -102,7 +102,7 @@ def docker_url() -> Iterator[str]:
     """A server over the Docker backend (reuse policy, 2 warm containers)."""
     require_docker()
     config = DockerConfig(timeout=10.0, policy="reuse", pool_size=2, labels=LABELS)
-    settings = ServerSettings(max_concurrency=4, max_queue=256, max_run_timeout=20.0)
+    settings = ServerSettings(max_concurrency=2, max_queue=256, max_run_timeout=20.0)
     with serve(create_app(config, settings=settings)) as url:
         yield url
 
