@@ -9,19 +9,29 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import socket
 import sys
 from typing import Any
 
-from pydantic import SecretStr
+from pydantic import SecretStr, ValidationError
 
-from retool_exec._errors import RetoolExecError
-from retool_exec.backends.config import BackendConfigBase, DockerConfig, LocalConfig
+from retool_exec._errors import BackendUnavailableError, ConfigError
+from retool_exec.backends.config import BackendConfigBase, LocalConfig
+from retool_exec.backends.registry import backend_spec
+from retool_exec.cli._common import (
+    EXIT_STATUS_HELP,
+    SETTINGS_HELP,
+    UsageError,
+    add_settings_options,
+    backend_list,
+    build_configs,
+)
 
-__all__ = ["TOKEN_ENV", "build_config", "is_loopback", "register"]
+__all__ = ["TOKEN_ENV", "bind_socket", "build_config", "is_loopback", "register"]
 
 TOKEN_ENV = "RETOOL_EXEC_TOKEN"  # noqa: S105 - the variable's name, not a secret
 
-_EPILOG = f"""\
+_EPILOG = """\
 Point a SandboxFusion client at it, e.g. verl's tool config:
   sandbox_fusion_url: http://127.0.0.1:8080/run_code
 
@@ -29,13 +39,24 @@ Endpoints: POST /run_code, POST /run_jupyter, GET /v1/ping (SandboxFusion's),
 POST /v1/exec, GET /v1/metrics (retool_exec's). With --root-path P they are
 also served under P (e.g. /faas/sandbox/run_code).
 
-The token may also come from ${TOKEN_ENV}. Clients send it as
+The token may also come from ${token_env}. Clients send it as
 'Authorization: Bearer <token>', or as the password in the URL
 (http://user:<token>@host:8080/run_code). /v1/ping never needs it.
 
 The local backend is NOT isolated: it runs code as you, on this machine.
 It is refused on a non-loopback address unless --allow-remote-local is given.
 See docs/server.md.
+
+Backends (--backend NAME, default docker):
+{backends}
+
+{settings}
+The pool size defaults to --max-concurrency, the per-call timeout to
+min(30, --max-run-timeout).
+
+The backend starts before the server listens: a backend that cannot start,
+or an address that cannot be bound, stops the command with one line.
+{exit_status}
 """
 
 
@@ -45,10 +66,15 @@ def register(subparsers: Any) -> None:
         "serve",
         help="serve a SandboxFusion-compatible HTTP API",
         description="Serve SandboxFusion's /run_code API over retool_exec's sandbox.",
-        epilog=_EPILOG,
+        epilog=_EPILOG.format(
+            token_env=TOKEN_ENV,
+            backends=backend_list(),
+            settings=SETTINGS_HELP,
+            exit_status=EXIT_STATUS_HELP,
+        ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--backend", choices=("docker", "local"), default="docker")
+    parser.add_argument("--backend", default="docker", metavar="NAME", help="backend (docker)")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (127.0.0.1)")
     parser.add_argument("--port", type=int, default=8080, help="TCP port (8080)")
     parser.add_argument(
@@ -81,15 +107,19 @@ def register(subparsers: Any) -> None:
         help="clamp memory_limit_MB; for docker also the container limit (1024)",
     )
     parser.add_argument(
-        "--policy", choices=("reuse", "fresh"), default="reuse", help="docker policy (reuse)"
+        "--policy", choices=("reuse", "fresh"), default=None, help="docker policy (reuse)"
     )
     parser.add_argument("--runtime", default=None, help="docker OCI runtime, e.g. runsc")
+    parser.add_argument(
+        "--docker-host", default=None, metavar="URL", help="docker: daemon address (DOCKER_HOST)"
+    )
     parser.add_argument("--log-level", default="info", help="uvicorn log level (info)")
     parser.add_argument(
         "--allow-remote-local",
         action="store_true",
         help="allow the NOT isolated local backend on a non-loopback address",
     )
+    add_settings_options(parser)
     parser.set_defaults(handler=_handle)
 
 
@@ -103,42 +133,78 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def _workers(args: argparse.Namespace) -> int:
+    return int(args.max_concurrency or max(1, os.cpu_count() or 1))
+
+
 def build_config(args: argparse.Namespace) -> BackendConfigBase:
     """The backend config the command's arguments describe."""
-    workers = args.max_concurrency or max(1, os.cpu_count() or 1)
-    timeout = min(30.0, args.max_run_timeout)
-    if args.backend == "local":
-        return LocalConfig(timeout=timeout)
-    return DockerConfig(
-        timeout=timeout,
-        policy=args.policy,
-        pool_size=min(workers, 256),
-        runtime=args.runtime,
-        memory_mb=args.max_memory_mb or 1024,
-    )
+    spec = backend_spec(args.backend)
+    defaults = {
+        "timeout": min(30.0, args.max_run_timeout),
+        "pool_size": min(_workers(args), 256),
+    }
+    flags = {
+        key: (value, flag)
+        for key, value, flag in (
+            ("policy", args.policy, "--policy"),
+            ("runtime", args.runtime, "--runtime"),
+            ("docker_host", args.docker_host, "--docker-host"),
+            ("memory_mb", args.max_memory_mb, "--max-memory-mb"),
+        )
+        # --max-memory-mb clamps requests on every backend; it is a container limit
+        # only where the backend has one.
+        if value is not None and (key != "memory_mb" or spec.accepts(key))
+    }
+    return build_configs([args.backend], args, defaults=defaults, flags=flags)[args.backend]
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening-ready socket bound to ``host:port`` (one-line errors, before any start)."""
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--port must be between 0 and 65535, got {port}")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise UsageError(f"--host {host!r}: {exc.strerror or exc}") from exc
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise BackendUnavailableError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+        ) from exc
+    sock.set_inheritable(True)
+    return sock
 
 
 def _handle(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
+        from retool_exec._sandbox import Sandbox
         from retool_exec.server import ServerSettings, create_app
     except ModuleNotFoundError as exc:
-        print(
-            f"retool-exec serve: {exc.name} is missing; install the server extra: "
-            "pip install 'retool_exec[server]'",
-            file=sys.stderr,
-        )
-        return 2
+        raise UsageError(
+            f"{exc.name} is missing; install the server extra: pip install 'retool_exec[server]'"
+        ) from exc
     token = args.token or os.environ.get(TOKEN_ENV) or None
-    if args.backend == "local" and not is_loopback(args.host) and not args.allow_remote_local:
-        print(
-            f"retool-exec serve: refusing to expose the local backend on {args.host}: it runs "
+    config = build_config(args)
+    if (
+        isinstance(config, LocalConfig)
+        and not is_loopback(args.host)
+        and not args.allow_remote_local
+    ):
+        raise UsageError(
+            f"refusing to expose the local backend on {args.host}: it runs "
             "code on this machine without isolation (use --backend docker, or "
-            "--allow-remote-local if you really mean it)",
-            file=sys.stderr,
+            "--allow-remote-local if you really mean it)"
         )
-        return 2
     if not is_loopback(args.host) and token is None:
         print(
             f"retool-exec serve: warning: listening on {args.host} without a token; "
@@ -146,9 +212,8 @@ def _handle(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     try:
-        workers = args.max_concurrency or max(1, os.cpu_count() or 1)
         settings = ServerSettings(
-            max_concurrency=workers,
+            max_concurrency=_workers(args),
             max_queue=args.max_queue,
             queue_timeout=args.queue_timeout,
             token=SecretStr(token) if token else None,
@@ -156,19 +221,31 @@ def _handle(args: argparse.Namespace) -> int:
             max_run_timeout=args.max_run_timeout,
             max_memory_mb=args.max_memory_mb,
         )
-        app = create_app(build_config(args), settings=settings)
-    except (RetoolExecError, ValueError) as exc:
-        print(f"retool-exec serve: {exc}", file=sys.stderr)
-        return 2
-    config = uvicorn.Config(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        lifespan="on",
-        server_header=False,
-        timeout_graceful_shutdown=10,
-    )
-    server = uvicorn.Server(config)
-    server.run()
-    return 0 if server.started else 1
+    except ValidationError as exc:
+        raise ConfigError(f"server settings: {exc}") from exc
+    if config.max_output_chars < settings.sandbox_output_chars:
+        # As the server does for a sandbox it builds: keep the tail its answers are cut from.
+        config = config.model_copy(update={"max_output_chars": settings.sandbox_output_chars})
+    sock = bind_socket(args.host, args.port)
+    try:
+        # Start the backend here, not in the server's lifespan, so that a daemon that is
+        # down or a runtime that is unknown is one line (see cli.main), not a traceback.
+        with Sandbox(config, max_workers=settings.max_concurrency) as sandbox:
+            sandbox.start()
+            app = create_app(sandbox, settings=settings)
+            server = uvicorn.Server(
+                uvicorn.Config(
+                    app,
+                    host=args.host,
+                    port=args.port,
+                    log_level=args.log_level,
+                    lifespan="on",
+                    server_header=False,
+                    timeout_graceful_shutdown=10,
+                )
+            )
+            server.run(sockets=[sock])
+            started: bool = server.started
+    finally:
+        sock.close()
+    return 0 if started else 1
