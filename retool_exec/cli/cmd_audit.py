@@ -10,15 +10,35 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["register"]
+from retool_exec._errors import ConfigError
+from retool_exec.backends.config import BackendConfigBase
+from retool_exec.backends.registry import backend_spec, backend_specs
+from retool_exec.cli._common import (
+    EXIT_STATUS_HELP,
+    SETTINGS_HELP,
+    UsageError,
+    add_settings_options,
+    backend_list,
+    build_configs,
+)
+
+__all__ = ["build_audit_configs", "default_backends", "register"]
 
 _EPILOG = """\
-Backends: local (the seed's subprocess: NOT isolated, exposures expected),
-docker-fresh, docker-reuse, docker-runsc (hardened containers: must contain
-every case). Cases that would harm this host are not run on local.
+Backends (--backend NAME; default: every one but aliases and fake):
+{backends}
+Isolating backends (every docker one) must contain every case; local is the
+seed's subprocess (NOT isolated: exposures are expected) and does not run the
+cases that would harm this host. An alias is audited under the name it
+stands for (docker as docker-reuse).
+
+{settings}
+Settings go on top of the audit's own limits (memory_mb=256, pids=64, ...),
+which the resource cases assume; a setting applies to the backends that have it.
 
 Exit status: 0 every isolating backend contained every case; 1 an isolating
-backend exposed a case, could not judge one, or failed; 2 usage error.
+backend exposed a case, could not judge one, or failed.
+{exit_status}
 
 Examples:
   retool-exec audit --backend docker-reuse
@@ -37,7 +57,9 @@ def register(subparsers: Any) -> None:
             "output, information, cross-call isolation, agent protocol) and report, per "
             "case, whether the backend contained it."
         ),
-        epilog=_EPILOG,
+        epilog=_EPILOG.format(
+            backends=backend_list(), settings=SETTINGS_HELP, exit_status=EXIT_STATUS_HELP
+        ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
@@ -45,7 +67,7 @@ def register(subparsers: Any) -> None:
         action="append",
         default=None,
         metavar="NAME",
-        help="backend to audit (repeatable; default: all four)",
+        help="backend to audit (repeatable; default: every one but aliases and fake)",
     )
     parser.add_argument(
         "--case", action="append", default=None, metavar="ID", help="only this case"
@@ -70,59 +92,84 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    add_settings_options(parser)
     parser.set_defaults(handler=_handle)
 
 
-def _handle(args: argparse.Namespace) -> int:
-    from retool_exec.security import BACKEND_IDS, CORPUS, CaseClass
+def default_backends() -> list[str]:
+    """Every backend of the table but aliases and ``fake`` (which runs nothing)."""
+    return [spec.name for spec in backend_specs() if spec.alias_of is None and spec.name != "fake"]
 
-    backends = args.backend or list(BACKEND_IDS)
-    unknown = [b for b in backends if b not in BACKEND_IDS]
-    if unknown:
-        print(
-            f"retool-exec audit: unknown backend(s) {', '.join(unknown)}; "
-            f"choose from {', '.join(BACKEND_IDS)}",
-            file=sys.stderr,
-        )
-        return 2
+
+def build_audit_configs(
+    names: list[str], args: argparse.Namespace, *, run_id: str = "", timeout: float = 5.0
+) -> dict[str, BackendConfigBase]:
+    """Each backend's audit config: the audit's own (limits, pool size), then the user's
+    settings on top; the audit's run label is kept whatever ``labels`` says."""
+    from retool_exec.security import BACKEND_IDS, audit_config, with_audit_limits
+    from retool_exec.security.runner import AUDIT_LABEL
+
+    bases: dict[str, dict[str, Any]] = {}
+    for name in names:
+        if name in BACKEND_IDS:
+            base: BackendConfigBase = audit_config(name, run_id=run_id, timeout=timeout)
+        else:
+            settings = {"timeout": timeout} if backend_spec(name).accepts("timeout") else {}
+            base = with_audit_limits(backend_spec(name).config(settings), run_id=run_id)
+        bases[name] = base.model_dump(exclude={"kind"})
+    # The audit's values are each backend's command defaults; the user's layers win.
+    configs = build_configs(names, args, backend_defaults=bases)
+    for name, config in configs.items():
+        labels = getattr(config, "labels", None)
+        if run_id and isinstance(labels, dict) and labels.get(AUDIT_LABEL) != run_id:
+            configs[name] = type(config).model_validate(
+                {**config.model_dump(), "labels": {**labels, AUDIT_LABEL: run_id}}
+            )
+    return configs
+
+
+def _handle(args: argparse.Namespace) -> int:
+    from retool_exec.security import CORPUS, CaseClass
+
+    requested = args.backend or default_backends()
+    for name in requested:
+        backend_spec(name)  # an unknown name is a ConfigError naming the choices
+    # An alias is audited under the name it stands for, so its verdict counts as that one's.
+    backends = list(dict.fromkeys(backend_spec(name).alias_of or name for name in requested))
     cases = list(CORPUS)
     if args.case:
         known = {case.id for case in CORPUS}
         missing = [case_id for case_id in args.case if case_id not in known]
         if missing:
-            print(
-                f"retool-exec audit: unknown case(s) {', '.join(missing)} (see --list)",
-                file=sys.stderr,
-            )
-            return 2
+            raise UsageError(f"unknown case(s) {', '.join(missing)} (see --list)")
         cases = [case for case in cases if case.id in args.case]
     if args.klass:
         classes = {klass.value for klass in CaseClass}
         missing = [name for name in args.klass if name not in classes]
         if missing:
-            print(
-                f"retool-exec audit: unknown class(es) {', '.join(missing)}; "
-                f"choose from {', '.join(sorted(classes))}",
-                file=sys.stderr,
+            raise UsageError(
+                f"unknown class(es) {', '.join(missing)}; choose from {', '.join(sorted(classes))}"
             )
-            return 2
         cases = [case for case in cases if case.klass.value in args.klass]
     if args.list:
         for case in cases:
             print(f"{case.id:34} {case.klass.value:12} {case.severity.value:9} {case.title}")
         return 0
     if args.timeout is not None and not 0 < args.timeout <= 600:
-        print("retool-exec audit: --timeout must be in (0, 600]", file=sys.stderr)
-        return 2
+        raise UsageError("--timeout must be in (0, 600]")
+    build_audit_configs(backends, args)  # settings are checked before anything starts
     audit = asyncio.run(_run(backends, cases, args))
     from retool_exec.security.scorecard import render_markdown, render_text, to_json
 
     sys.stdout.write(render_text(audit, cases))
     sys.stdout.flush()
-    if args.json is not None:
-        args.json.write_text(json.dumps(to_json(audit, cases), indent=2) + "\n")
-    if args.markdown is not None:
-        args.markdown.write_text(render_markdown(audit, cases))
+    try:
+        if args.json is not None:
+            args.json.write_text(json.dumps(to_json(audit, cases), indent=2) + "\n")
+        if args.markdown is not None:
+            args.markdown.write_text(render_markdown(audit, cases))
+    except OSError as exc:
+        raise ConfigError(f"cannot write the report: {exc}") from exc
     return 1 if audit.failed else 0
 
 
@@ -141,6 +188,10 @@ def _command(args: argparse.Namespace) -> str:
     for flag, path in (("--json", args.json), ("--markdown", args.markdown)):
         if path is not None:
             words += [flag, str(path)]
+    if args.config_file is not None:
+        words += ["--config", str(args.config_file)]
+    for item in args.set_items:
+        words += ["--set", item]
     return shlex.join(words)
 
 
@@ -161,6 +212,7 @@ async def _run(backends: list[str], cases: list[Any], args: argparse.Namespace) 
             )
 
     with HostFixtures() as host:
+        configs = build_audit_configs(backends, args, run_id=host.run_id, timeout=timeout)
         for backend in backends:
             if not args.quiet:
                 print(f"[{backend}] starting ({len(cases)} cases)", file=sys.stderr, flush=True)
@@ -168,6 +220,7 @@ async def _run(backends: list[str], cases: list[Any], args: argparse.Namespace) 
                 backend,
                 cases,
                 host,
+                config=configs[backend],
                 concurrency=args.concurrency,
                 timeout=timeout,
                 progress=progress,
