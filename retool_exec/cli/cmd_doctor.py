@@ -6,8 +6,36 @@ import argparse
 from typing import Any
 
 from retool_exec._errors import RetoolExecError
+from retool_exec.backends.config import BackendConfigBase, DockerConfig
+from retool_exec.backends.registry import backend_spec
+from retool_exec.cli._common import (
+    EXIT_STATUS_HELP,
+    SETTINGS_HELP,
+    UsageError,
+    add_settings_options,
+    backend_list,
+    build_configs,
+)
 
-__all__ = ["register"]
+__all__ = ["DEFAULT_BACKENDS", "build_doctor_configs", "register"]
+
+DEFAULT_BACKENDS = ("docker", "docker-runsc")
+"""Checked when no --backend is given (docker-runsc only where Docker has runsc)."""
+
+_EPILOG = """\
+The checks are cases of the security corpus (retool_exec/security/cases), run
+with the audit's limits; `retool-exec audit` runs all of them.
+
+Backends (--backend NAME; default: docker, and docker-runsc where Docker has
+the runsc runtime; any docker backend of the table):
+{backends}
+
+{settings}
+
+Exit status: 0 every check passed; 1 a check failed (Docker unreachable and a
+missing image are failed checks too).
+{exit_status}
+"""
 
 
 def register(subparsers: Any) -> None:
@@ -16,18 +44,28 @@ def register(subparsers: Any) -> None:
         "doctor",
         help="check Docker, the image and runtimes, and prove the isolation",
         description=(
-            "Check the Docker daemon, the sandbox image and the runtimes, then run probes in "
-            "real containers (network, read-only root, memory and pid limits, environment, "
-            "capabilities, user). Exits non-zero if anything fails."
+            "Check the Docker daemon, the sandbox image and the runtimes, then run attack "
+            "cases in real containers (network, read-only root, user, capabilities, "
+            "environment, memory and process limits, the agent's reach). Exits non-zero "
+            "if anything fails."
         ),
+        epilog=_EPILOG.format(
+            backends=backend_list(), settings=SETTINGS_HELP, exit_status=EXIT_STATUS_HELP
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "--runtime",
+        "--backend",
         action="append",
         default=None,
-        help="runtime to probe (repeatable; default: the daemon's default, plus runsc if present)",
+        metavar="NAME",
+        help="docker backend to check (repeatable)",
     )
-    parser.add_argument("--docker-host", default=None)
+    parser.add_argument("--runtime", default=None, help="OCI runtime for every backend checked")
+    parser.add_argument(
+        "--docker-host", default=None, metavar="URL", help="daemon address (DOCKER_HOST)"
+    )
+    add_settings_options(parser)
     parser.set_defaults(handler=_handle)
 
 
@@ -36,15 +74,39 @@ def _line(ok: bool, name: str, detail: str = "") -> None:
     print(f"  {mark}  {name}" + (f"  ({detail})" if detail else ""), flush=True)
 
 
+def build_doctor_configs(
+    names: list[str], args: argparse.Namespace
+) -> dict[str, BackendConfigBase]:
+    """The config of each backend to check; every one must be a Docker backend."""
+    for name in names:
+        if not issubclass(backend_spec(name).config_class, DockerConfig):
+            raise UsageError(f"doctor checks docker backends; {name!r} is not one")
+    flags = {
+        key: (value, flag)
+        for key, value, flag in (
+            ("runtime", args.runtime, "--runtime"),
+            ("docker_host", args.docker_host, "--docker-host"),
+        )
+        if value is not None
+    }
+    # The doctor never builds the image: a missing one is a failed check, said at once.
+    return build_configs(names, args, defaults={"auto_build": False}, flags=flags)
+
+
 def _handle(args: argparse.Namespace) -> int:
     from retool_exec.backends.docker.client import connect
     from retool_exec.backends.docker.image import image_tag
     from retool_exec.doctor import run_doctor
 
+    names = list(args.backend or DEFAULT_BACKENDS[:1])
+    configs = build_doctor_configs(names, args)  # bad settings: one line before any check
+    docker_host = next(
+        (c.docker_host for c in configs.values() if isinstance(c, DockerConfig)), None
+    )
     failures = 0
     print("retool-exec doctor")
     try:
-        client = connect(args.docker_host)
+        client = connect(docker_host)
     except RetoolExecError as exc:
         _line(False, "Docker daemon reachable", str(exc))
         return 1
@@ -52,22 +114,28 @@ def _handle(args: argparse.Namespace) -> int:
         info = client.info()
         runtimes = sorted(info.get("Runtimes", {}))
         _line(True, "Docker daemon reachable", f"server {info.get('ServerVersion')}")
-        tag = image_tag()
-        present = bool(client.images.list(name=tag))
-        _line(
-            present,
-            "sandbox image present",
-            tag if present else f"{tag}: run `retool-exec image build`",
-        )
-        if not present:
-            return 1
-        wanted = args.runtime or [None] + (["runsc"] if "runsc" in runtimes else [])
+        tags = {
+            c.image or image_tag() for c in configs.values() if isinstance(c, DockerConfig)
+        } or {image_tag()}
+        for tag in sorted(tags):
+            present = bool(client.images.list(name=tag))
+            _line(
+                present,
+                "sandbox image present",
+                tag if present else f"{tag}: run `retool-exec image build`",
+            )
+            if not present:
+                return 1
         _line(True, "runtimes", ", ".join(runtimes))
     finally:
         client.close()
-    for runtime in wanted:
-        print(f"runtime: {runtime or 'default (runc)'}")
-        for check in run_doctor(runtime, report=lambda c: _line(c.ok, c.name, c.detail)):
+    if not args.backend and "runsc" in runtimes:
+        names.append("docker-runsc")
+        configs = build_doctor_configs(names, args)
+    for name, config in configs.items():
+        runtime = getattr(config, "runtime", None)
+        print(f"backend: {name} (runtime {runtime or 'default'})", flush=True)
+        for check in run_doctor(config, name=name, report=lambda c: _line(c.ok, c.name, c.detail)):
             failures += not check.ok
     print("all checks passed" if not failures else f"{failures} check(s) FAILED", flush=True)
     return 1 if failures else 0
