@@ -153,7 +153,14 @@ class DockerBackend(Backend):
                 pool.retire(container)  # the call may still be running in it
                 raise
             except (TimeoutError, ProtocolError) as exc:
-                oom = await self._factory.oom_killed(container.id) if self._factory else False
+                # A stream that ended may be gVisor killing the sandbox for memory; a silent
+                # agent (frozen, or wedged) is still running, so there is nothing to ask.
+                oom = (
+                    isinstance(exc, ProtocolError)
+                    and self._factory is not None
+                    and progress.code_started
+                    and await self._factory.oom_killed(container.id)
+                )
                 pool.retire(container)
                 if not progress.code_started and attempt < RETRIES_BEFORE_START and not oom:
                     # The code provably never ran (no "started" frame): run it elsewhere.

@@ -13,6 +13,7 @@ import os
 import secrets
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -258,12 +259,24 @@ class ContainerFactory:
         with contextlib.suppress(Exception):
             await self._blocking(lambda: remove_container(self.client, container_id))
 
-    async def oom_killed(self, container_id: str) -> bool:
-        """Whether Docker saw the container's init OOM-killed (inspect State.OOMKilled)."""
+    async def oom_killed(self, container_id: str, settle: float = 3.0) -> bool:
+        """Whether Docker saw the container's init OOM-killed (inspect State.OOMKilled).
+
+        The attach stream can end before the daemon has processed the exit; until
+        the container is no longer running (at most ``settle`` seconds) the flag
+        is not yet known, so the answer waits for that (gVisor kills the whole
+        sandbox on OOM: asking too early turned such calls into sandbox errors).
+        """
 
         def inspect() -> bool:
-            state = self.client.api.inspect_container(container_id).get("State", {})
-            return bool(state.get("OOMKilled"))
+            give_up = time.monotonic() + settle
+            while True:
+                state = self.client.api.inspect_container(container_id).get("State", {})
+                if state.get("OOMKilled") or not state.get("Running"):
+                    return bool(state.get("OOMKilled"))
+                if time.monotonic() > give_up:
+                    return False
+                time.sleep(0.05)
 
         try:
             return await self._blocking(inspect)
