@@ -86,6 +86,7 @@ async def fresh_sustained(
         timeout=settings.timeout,
         pool_size=settings.sustained_pool_size,
         labels=labels,
+        settings=settings.backend_settings,
     )
     workload = _BY_NAME["print"]
     async with Sandbox(config, max_workers=settings.sustained_concurrency) as sandbox:

@@ -10,20 +10,27 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from retool_exec._sandbox import Sandbox
 from retool_exec.bench.results import ContainerMemory, PoolMemory
 
-__all__ = ["pool_of", "read_pool_memory", "settle"]
+if TYPE_CHECKING:
+    from retool_exec.backends.docker.backend import PoolStats
+
+__all__ = ["pool_stats", "read_pool_memory", "settle"]
 
 SETTLE_LIMIT = 120.0
 """Seconds to wait for a pool to refill before going on without it (and saying so)."""
 
 
-def pool_of(sandbox: Sandbox) -> Any | None:
-    """The backend's warm pool (``DockerBackend.pool``), or None for a pool-less backend."""
-    return getattr(sandbox.backend, "pool", None)
+def pool_stats(sandbox: Sandbox) -> PoolStats | None:
+    """The Docker backend's pool figures (``DockerBackend.pool_stats()``); None for a
+    backend without a pool, or one not started."""
+    from retool_exec.backends.docker.backend import DockerBackend
+
+    backend = sandbox.backend
+    return backend.pool_stats() if isinstance(backend, DockerBackend) else None
 
 
 async def settle(
@@ -33,39 +40,31 @@ async def settle(
 
     For ``reuse`` this also waits for the agents' reset confirmations (a
     container is back in the ready set only after it proved clean). With
-    ``drain_removals``, also until Docker has removed the used containers.
+    ``drain_removals``, also until the pool's background work is done: used
+    containers removed, replacements started, resets confirmed.
     Raises TimeoutError when the pool is not full within ``limit``.
     """
-    pool = pool_of(sandbox)
     started = time.perf_counter()
-    if pool is None:
+    stats = pool_stats(sandbox)
+    if stats is None:
         return 0.0
-    while pool.ready_count < pool.size:
+    while stats is not None and stats.ready < stats.size:
         if time.perf_counter() - started > limit:
             raise TimeoutError(
-                f"the {sandbox.backend.name} pool had {pool.ready_count}/{pool.size} "
+                f"the {sandbox.backend.name} pool had {stats.ready}/{stats.size} "
                 f"containers ready after {limit:.0f}s"
             )
         await asyncio.sleep(0.005)
+        stats = pool_stats(sandbox)
     if drain_removals:
         # Used containers are removed in the background; Docker's work on that
         # must not land in the next backend's batch either.
-        while await asyncio.to_thread(_pool_container_count, pool) > pool.size:
+        while stats is not None and stats.pending:
             if time.perf_counter() - started > limit:
                 break
             await asyncio.sleep(0.02)
+            stats = pool_stats(sandbox)
     return time.perf_counter() - started
-
-
-def _pool_container_count(pool: Any) -> int:
-    """Containers of the pool that Docker still has, in any state."""
-    from retool_exec.backends.docker.containers import LABEL_POOL
-
-    factory = pool.factory
-    listed = factory.client.api.containers(
-        all=True, filters={"label": f"{LABEL_POOL}={factory.pool_id}"}
-    )
-    return len(listed)
 
 
 def _working_set(memory_stats: dict[str, Any]) -> tuple[int, int] | None:
@@ -104,8 +103,8 @@ def read_pool_memory(sandbox: Sandbox, name: str) -> PoolMemory:
     from retool_exec.backends.docker.client import connect
     from retool_exec.backends.docker.containers import LABEL_POOL
 
-    pool = pool_of(sandbox)
-    if pool is None:
+    stats = pool_stats(sandbox)
+    if stats is None:
         return PoolMemory(backend=name, pool_size=0, containers=[], error="no pool")
     docker_host = getattr(getattr(sandbox.backend, "config", None), "docker_host", None)
     readings: list[ContainerMemory] = []
@@ -113,10 +112,10 @@ def read_pool_memory(sandbox: Sandbox, name: str) -> PoolMemory:
         client = connect(docker_host)
     except Exception as exc:
         return PoolMemory(
-            backend=name, pool_size=pool.size, containers=[], error=f"{type(exc).__name__}: {exc}"
+            backend=name, pool_size=stats.size, containers=[], error=f"{type(exc).__name__}: {exc}"
         )
     try:
-        listed = client.api.containers(filters={"label": f"{LABEL_POOL}={pool.factory.pool_id}"})
+        listed = client.api.containers(filters={"label": f"{LABEL_POOL}={stats.pool_id}"})
         for info in listed:
             container_id = str(info["Id"])
             # The cgroup files are read in microseconds; docker stats takes ~1 s a container.
@@ -137,11 +136,11 @@ def read_pool_memory(sandbox: Sandbox, name: str) -> PoolMemory:
     except Exception as exc:
         return PoolMemory(
             backend=name,
-            pool_size=pool.size,
+            pool_size=stats.size,
             containers=readings,
             error=f"{type(exc).__name__}: {exc}",
         )
     finally:
         client.close()
     error = None if readings else "no memory figures available for the pool's containers"
-    return PoolMemory(backend=name, pool_size=pool.size, containers=readings, error=error)
+    return PoolMemory(backend=name, pool_size=stats.size, containers=readings, error=error)

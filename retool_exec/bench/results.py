@@ -58,6 +58,8 @@ class BenchSettings(_Model):
     sustained_pool_size: int
     cpu_calls: int
     local_python: str
+    backend_settings: dict[str, Any] = Field(default_factory=dict)
+    """``--config``/``--set`` settings, given to every backend that has them."""
     command: str
 
 

@@ -150,6 +150,7 @@ class _Run:
                 pool_size=self.settings.pool_size,
                 labels=self.labels,
                 local_python=self.settings.local_python,
+                settings=self.settings.backend_settings,
             )
             self.progress.phase(f"starting {name}")
             sandbox = Sandbox(config, max_workers=workers)
@@ -241,7 +242,7 @@ async def run_bench(
         docker_host=docker_host,
     )
     if LOCAL in settings.backends:
-        needed = tuple(m for m in ("numpy", "sympy") if m in {w.name for w in workloads})
+        needed = tuple(dict.fromkeys(m for w in workloads for m in w.needs))
         missing = missing_modules(result.environment["local_python"], needed)
         if missing:
             result.notes.append(

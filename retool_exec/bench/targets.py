@@ -3,7 +3,8 @@
 Every target is stated, measured and marked PASS or FAIL; a figure that was
 not measured (a backend or workload left out of the run) is NOT MEASURED,
 never a pass. A cell with failed calls fails its target: speed bought by
-failing is not speed.
+failing is not speed. A ratio to a local baseline whose interpreter cannot
+import the workload's modules is NOT MEASURED too: there is no baseline.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import math
 from dataclasses import dataclass
 
 from retool_exec.bench.backends import LOCAL
+from retool_exec.bench.environment import missing_modules
 from retool_exec.bench.results import BenchResult, CellResult
 from retool_exec.bench.stats import percentile, ratio
-from retool_exec.bench.workloads import TIMEOUT_WORKLOAD_LIMIT
+from retool_exec.bench.workloads import TIMEOUT_WORKLOAD_LIMIT, WORKLOADS
 
 __all__ = ["Target", "evaluate_targets"]
 
@@ -56,6 +58,16 @@ def _p50_ratio_target(result: BenchResult, workload: str, limit: float, label: s
     local = result.cell(LOCAL, workload, 1)
     if cell is None or local is None:
         return Target(name, requirement, "not measured (needs local and docker-reuse)", None)
+    missing = _baseline_lacks(result, workload)
+    if missing:
+        return Target(
+            name,
+            requirement,
+            f"not measured: the local baseline interpreter cannot import {', '.join(missing)} "
+            "(give --local-python an interpreter with the image's math stack, as "
+            "benchmarks/run.sh does)",
+            None,
+        )
     value = ratio(cell.summary().p50, local.summary().p50)
     measured = (
         f"{reuse} p50 {_ms(cell.summary().p50)} vs local p50 {_ms(local.summary().p50)}"
@@ -67,6 +79,15 @@ def _p50_ratio_target(result: BenchResult, workload: str, limit: float, label: s
     if failed:
         return Target(name, requirement, f"{measured}; {failed}", False)
     return Target(name, requirement, measured, value is not None and value <= limit)
+
+
+def _baseline_lacks(result: BenchResult, workload: str) -> list[str]:
+    """Modules ``workload`` needs that the local baseline's interpreter could not import."""
+    needs = next((w.needs for w in WORKLOADS if w.name == workload), ())
+    local_info = result.environment.get("local_python")
+    if not needs or not isinstance(local_info, dict):
+        return []
+    return missing_modules(local_info, needs)
 
 
 def _failures(*cells: CellResult) -> str:

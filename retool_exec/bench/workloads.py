@@ -31,6 +31,8 @@ class Workload:
     """Per-call wall-clock limit; None uses the sandbox's."""
     slow: bool = False
     """Takes seconds per call by design, so it gets fewer calls (see the runner)."""
+    needs: tuple[str, ...] = ()
+    """Modules the code imports (the local baseline's interpreter must have them)."""
 
     def failure(self, result: ExecResult) -> str | None:
         """Why ``result`` is not a correct run of this workload, or None when it is."""
@@ -82,6 +84,7 @@ WORKLOADS: tuple[Workload, ...] = (
         _NUMPY,
         Outcome.SUCCESS,
         expect_stdout="333283335000.0",
+        needs=("numpy",),
     ),
     Workload(
         "sympy",
@@ -89,6 +92,7 @@ WORKLOADS: tuple[Workload, ...] = (
         _SYMPY,
         Outcome.SUCCESS,
         expect_stdout="[2, 3]",
+        needs=("sympy",),
     ),
     Workload(
         "error",

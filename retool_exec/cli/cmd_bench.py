@@ -9,9 +9,21 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from retool_exec._errors import RetoolExecError
+from retool_exec._errors import ConfigError
+from retool_exec.cli._common import (
+    EXIT_STATUS_HELP,
+    SETTINGS_HELP,
+    UsageError,
+    add_settings_options,
+    backend_list,
+    build_configs,
+    user_layers,
+)
 
-__all__ = ["QUICK", "build_settings", "register"]
+__all__ = ["EXIT_TARGET_FAILED", "QUICK", "build_settings", "register"]
+
+EXIT_TARGET_FAILED = 1
+"""A performance target measured FAIL (NOT MEASURED is not a failure of the run)."""
 
 DEFAULT_BACKENDS = "local,docker"
 DEFAULT_CONCURRENCY = "1,4,16,64"
@@ -36,13 +48,25 @@ FULL: dict[str, Any] = {
 }
 
 _EPILOG = """\
-Backends: local (the seed's subprocess), docker (= docker-reuse), docker-reuse,
-docker-fresh, docker-runsc (reuse under gVisor).
+Backends (--backends NAME,...; an alias and its name are the same backend):
+{backends}
 Workloads: print, numpy, sympy, error, sleep, timeout, flood.
+
+{settings}
+A setting applies to the backends that have it; pool_size, timeout and the
+local python come from --pool-size, --timeout and --local-python.
 
 Calls are interleaved: for each workload and concurrency level, the backends
 take turns batch by batch, so machine drift hits them alike; ratios to the
 local backend come from the same rounds. Warm-up calls are not recorded.
+
+Each target is PASS, FAIL or NOT MEASURED (its backends or workloads were
+not in the run, or the local baseline cannot import the workload's modules:
+give --local-python an interpreter with numpy and sympy, as benchmarks/run.sh
+does).
+
+Exit status: 0 no target failed; 1 a target failed.
+{exit_status}
 
 Examples:
   retool-exec bench --backends local,docker --quick
@@ -57,7 +81,9 @@ def register(subparsers: Any) -> None:
         "bench",
         help="benchmark latency and throughput of the backends",
         description="Benchmark latency and throughput of backends side by side in one run.",
-        epilog=_EPILOG,
+        epilog=_EPILOG.format(
+            backends=backend_list(), settings=SETTINGS_HELP, exit_status=EXIT_STATUS_HELP
+        ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
@@ -106,9 +132,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="raw figures")
     parser.add_argument("--plot", type=Path, default=None, metavar="FILE.png", help="a PNG")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    parser.add_argument("--docker-host", default=None)
+    parser.add_argument(
+        "--docker-host", default=None, metavar="URL", help="docker: daemon address (DOCKER_HOST)"
+    )
     # Extra container labels (tests mark their containers so a sweep finds leftovers).
     parser.add_argument("--label", action="append", default=[], help=argparse.SUPPRESS)
+    add_settings_options(parser)
     parser.set_defaults(handler=_handle)
 
 
@@ -116,9 +145,9 @@ def _ints(text: str, name: str) -> list[int]:
     try:
         values = [int(part) for part in text.split(",") if part.strip()]
     except ValueError as exc:
-        raise ValueError(f"--{name} takes comma-separated integers, got {text!r}") from exc
+        raise UsageError(f"--{name} takes comma-separated integers, got {text!r}") from exc
     if not values or any(v < 1 for v in values):
-        raise ValueError(f"--{name} needs positive integers, got {text!r}")
+        raise UsageError(f"--{name} needs positive integers, got {text!r}")
     return sorted(set(values))
 
 
@@ -127,14 +156,14 @@ def _labels(items: list[str]) -> dict[str, str]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"--label takes KEY=VALUE, got {item!r}")
+            raise UsageError(f"--label takes KEY=VALUE, got {item!r}")
         labels[key] = value
     return labels
 
 
 def build_settings(args: argparse.Namespace) -> Any:
     """Settings from the parsed arguments (``--quick`` fills in what was not given)."""
-    from retool_exec.bench.backends import parse_backends
+    from retool_exec.bench.backends import bench_config, parse_backends
     from retool_exec.bench.results import BenchSettings
     from retool_exec.bench.workloads import select_workloads
 
@@ -156,9 +185,21 @@ def build_settings(args: argparse.Namespace) -> Any:
     counts["cpu_calls"] = pick("cpu_calls")
     for name, value in counts.items():
         if value < (0 if name == "warmup" else 1):
-            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
+            raise UsageError(f"--{name.replace('_', '-')} must be positive, got {value}")
     if args.pool_size < 1 or args.sustained_pool_size < 1 or args.sustained_concurrency < 1:
-        raise ValueError("pool sizes and --sustained-concurrency must be positive")
+        raise UsageError("pool sizes and --sustained-concurrency must be positive")
+    backend_settings = user_layers(args).values
+    if args.docker_host is not None:
+        backend_settings["docker_host"] = args.docker_host
+    build_configs(backends, args)  # a setting none of the backends has is an error
+    for name in backends:  # every config is valid before anything starts
+        bench_config(
+            name,
+            timeout=args.timeout,
+            pool_size=args.pool_size,
+            local_python=args.local_python,
+            settings=backend_settings,
+        )
     command = ["retool-exec", "bench", "--backends", ",".join(backends)]
     if args.workloads:
         command += ["--workloads", ",".join(w.name for w in workloads)]
@@ -173,6 +214,10 @@ def build_settings(args: argparse.Namespace) -> Any:
         command.append("--no-extras")
     if args.local_python != sys.executable:
         command += ["--local-python", args.local_python]
+    if args.config_file is not None:
+        command += ["--config", str(args.config_file)]
+    for item in args.set_items:
+        command += ["--set", item]
     settings = BenchSettings(
         backends=list(backends),
         workloads=[w.name for w in workloads],
@@ -184,6 +229,7 @@ def build_settings(args: argparse.Namespace) -> Any:
         sustained_concurrency=args.sustained_concurrency,
         sustained_pool_size=args.sustained_pool_size,
         local_python=args.local_python,
+        backend_settings=backend_settings,
         command=shlex.join(command),
         **counts,
     )
@@ -195,29 +241,25 @@ def _handle(args: argparse.Namespace) -> int:
     from retool_exec.bench.progress import Progress
     from retool_exec.bench.report import render_text, summary_json
     from retool_exec.bench.runner import planned_calls, run_bench
+    from retool_exec.bench.targets import evaluate_targets
 
-    try:
-        settings, workloads = build_settings(args)
-        labels = _labels(args.label)
-        if args.plot is not None:
+    settings, workloads = build_settings(args)
+    labels = _labels(args.label)
+    if args.plot is not None:
+        try:
             require_matplotlib()
-    except (ValueError, MatplotlibMissingError) as exc:
-        print(f"retool-exec bench: {exc}", file=sys.stderr)
-        return 2
+        except MatplotlibMissingError as exc:
+            raise UsageError(str(exc)) from exc
     progress = Progress(planned_calls(settings, workloads), enabled=not args.no_progress)
-    try:
-        result = asyncio.run(
-            run_bench(
-                settings,
-                workloads,
-                progress=progress,
-                labels=labels,
-                docker_host=args.docker_host,
-            )
+    result = asyncio.run(
+        run_bench(
+            settings,
+            workloads,
+            progress=progress,
+            labels=labels,
+            docker_host=args.docker_host,
         )
-    except RetoolExecError as exc:
-        print(f"retool-exec bench: {exc}", file=sys.stderr)
-        return 2
+    )
     result.summary = summary_json(result)
     sys.stdout.write(render_text(result))
     sys.stdout.flush()
@@ -230,6 +272,13 @@ def _handle(args: argparse.Namespace) -> int:
             write_plot(result, args.plot)
             print(f"plot: {args.plot}", file=sys.stderr)
     except OSError as exc:
-        print(f"retool-exec bench: cannot write output: {exc}", file=sys.stderr)
-        return 1
+        raise ConfigError(f"cannot write output: {exc}") from exc
+    failed = [t for t in evaluate_targets(result) if t.passed is False]
+    if failed:
+        print(
+            f"retool-exec bench: {len(failed)} target(s) FAILED: "
+            + ", ".join(t.name for t in failed),
+            file=sys.stderr,
+        )
+        return EXIT_TARGET_FAILED
     return 0

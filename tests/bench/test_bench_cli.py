@@ -44,9 +44,14 @@ def _run(
     args = ["bench", "--backends", backends, *_FAST, "--json", str(out_json), *extra]
     if HAVE_MATPLOTLIB:
         args += ["--plot", str(tmp_path / "bench.png")]
-    assert main(args) == 0
+    status = main(args)
     text = capsys.readouterr().out
     data: dict[str, object] = json.loads(out_json.read_text())
+    # The exit status is the targets' verdict: 1 exactly when one of them FAILED.
+    summary = data["summary"]
+    assert isinstance(summary, dict)
+    failed = [t["name"] for t in summary["targets"] if t["verdict"] == "FAIL"]
+    assert status == (1 if failed else 0), failed
     return text, data
 
 
