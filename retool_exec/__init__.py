@@ -15,6 +15,7 @@ from retool_exec._errors import (
     ImageError,
     RetoolExecError,
     SandboxClosedError,
+    SandboxForkedError,
 )
 from retool_exec._formatting import (
     DEFAULT_MARKERS,
@@ -65,6 +66,7 @@ __all__ = [
     "RunRequest",
     "Sandbox",
     "SandboxClosedError",
+    "SandboxForkedError",
     "SandboxStats",
     "__version__",
     "add_auto_print",

@@ -44,6 +44,14 @@ class SandboxClosedError(RetoolExecError, RuntimeError):
     """The sandbox was used after ``close()``."""
 
 
+class SandboxForkedError(SandboxClosedError):
+    """The sandbox was used in a child process after ``fork()``: build one in the child.
+
+    Its event loop thread and its containers' streams belong to the parent;
+    configs are plain pydantic data and pickle, so pass the config instead.
+    """
+
+
 class BackendUnavailableError(RetoolExecError, RuntimeError):
     """A backend could not start (its daemon, image or runtime is missing)."""
 

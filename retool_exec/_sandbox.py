@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
+import os
 import sys
 import threading
 import time
@@ -25,7 +26,7 @@ from types import TracebackType
 from typing import Self
 
 from retool_exec._autoprint import add_auto_print
-from retool_exec._errors import ConfigError, SandboxClosedError
+from retool_exec._errors import ConfigError, SandboxClosedError, SandboxForkedError
 from retool_exec._formatting import format_tool_content
 from retool_exec._models import ExecResult, Outcome
 from retool_exec._portal import LoopThread
@@ -89,6 +90,7 @@ class Sandbox:
         self._start_lock: asyncio.Lock | None = None
         self._started = False
         self._closed = False
+        self._owner_pid = os.getpid()
         _open_sandboxes.add(self)
 
     # -- the seed's API ----------------------------------------------------
@@ -198,6 +200,10 @@ class Sandbox:
 
     def close(self) -> None:
         """Close the backend (removing its processes/containers) and stop the loop. Idempotent."""
+        if os.getpid() != self._owner_pid:
+            self._closed = True  # a fork's copy: the parent owns the loop and the containers
+            _open_sandboxes.discard(self)
+            return
         with self._lock:
             if self._closed:
                 return
@@ -317,6 +323,12 @@ class Sandbox:
             raise ConfigError(f"bad call input: {exc}") from exc
 
     def _ensure_portal(self) -> LoopThread:
+        if os.getpid() != self._owner_pid:
+            raise SandboxForkedError(
+                f"this Sandbox was created in process {self._owner_pid} and cannot be used "
+                f"after fork() (this is process {os.getpid()}): create a new Sandbox in each "
+                "worker, e.g. from its config (configs pickle), or use the 'spawn' start method"
+            )
         with self._lock:
             if self._closed:
                 raise SandboxClosedError("this sandbox is closed")

@@ -31,6 +31,7 @@ EXPECTED_ALL = sorted(
         "RunRequest",
         "Sandbox",
         "SandboxClosedError",
+        "SandboxForkedError",
         "SandboxStats",
         "__version__",
         "add_auto_print",
