@@ -14,8 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from retool_exec import BackendConfigBase, Sandbox
-from retool_exec.backends.registry import BUILTIN_BACKENDS
+from retool_exec import BackendConfigBase, DockerConfig, Sandbox
+from retool_exec.backends.registry import BUILTIN_BACKENDS, backend_spec
 from retool_exec.backends.registry import backend_config as table_config
 
 REQUIRE_DOCKER = os.environ.get("RETOOL_EXEC_REQUIRE_DOCKER") == "1"
@@ -42,7 +42,7 @@ def backend_config(backend_id: str, *, timeout: float = 10.0) -> BackendConfigBa
     """The config behind each backend id used to parametrize the shared tests: the table's,
     with a short timeout, a small pool and this session's labels."""
     settings: dict[str, object] = {"timeout": timeout, **TEST_SETTINGS.get(backend_id, {})}
-    if backend_id != "local":
+    if backend_spec(backend_id).accepts("labels"):
         settings["labels"] = LABELS
     return table_config(backend_id, settings)
 
@@ -72,9 +72,14 @@ def require_docker() -> None:
     pytest.skip(reason)
 
 
+def needs_docker(backend_id: str) -> bool:
+    """Whether the backend runs in Docker (its tests carry the ``docker`` marker)."""
+    return issubclass(backend_spec(backend_id).config_class, DockerConfig)
+
+
 def _backend_params() -> list[object]:
     return [
-        pytest.param(bid, id=bid, marks=[] if bid == "local" else [pytest.mark.docker])
+        pytest.param(bid, id=bid, marks=[pytest.mark.docker] if needs_docker(bid) else [])
         for bid in BACKEND_IDS
     ]
 
@@ -82,7 +87,7 @@ def _backend_params() -> list[object]:
 @pytest.fixture(scope="session", params=_backend_params())
 def backend_id(request: pytest.FixtureRequest) -> str:
     bid: str = request.param
-    if bid != "local":
+    if needs_docker(bid):
         require_docker()
     return bid
 
