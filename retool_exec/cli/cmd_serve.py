@@ -188,7 +188,7 @@ def _handle(args: argparse.Namespace) -> int:
         import uvicorn
 
         from retool_exec._sandbox import Sandbox
-        from retool_exec.server import ServerSettings, create_app
+        from retool_exec.server import ServerSettings, create_app, uvicorn_config
     except ModuleNotFoundError as exc:
         raise UsageError(
             f"{exc.name} is missing; install the server extra: pip install 'retool_exec[server]'"
@@ -234,7 +234,7 @@ def _handle(args: argparse.Namespace) -> int:
             sandbox.start()
             app = create_app(sandbox, settings=settings)
             server = uvicorn.Server(
-                uvicorn.Config(
+                uvicorn_config(  # headers within header_timeout; max_connections open
                     app,
                     host=args.host,
                     port=args.port,

@@ -23,6 +23,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environm
     ) from exc
 
 from retool_exec.server.app import OUTCOME_HEADER, create_app
+from retool_exec.server.connections import uvicorn_config
 from retool_exec.server.settings import ServerSettings
 
-__all__ = ["OUTCOME_HEADER", "ServerSettings", "create_app"]
+__all__ = ["OUTCOME_HEADER", "ServerSettings", "create_app", "uvicorn_config"]

@@ -46,6 +46,15 @@ class ServerSettings(BaseModel):
     waits less when its own timeouts say so: at most its ``compile_timeout`` plus
     the part of its ``run_timeout`` clamped away (``SandboxService.queue_budget``),
     so the 504 reaches the client before its read timeout."""
+    header_timeout: float = Field(default=5.0, gt=0, le=300)
+    """Seconds a connection has to send a request's headers (from when it opened, or
+    from the first byte of a later request on it); past that it gets 408 and is
+    closed before the app or the token check sees anything (``connections.py``).
+    Applies when served through ``uvicorn_config`` (as ``retool-exec serve`` does)."""
+    max_connections: int | None = Field(default=1024, ge=1)
+    """Most connections open at once; a new one past it gets 504 and is closed at once.
+    Keep it above ``max_concurrency + max_queue``, or clients get closed connections
+    where they would have got a place in the queue. None: no bound."""
     token: SecretStr | None = None
     """When set, every endpoint except ``/v1/ping`` needs ``Authorization: Bearer
     <token>`` (or HTTP Basic auth with the token as the password)."""

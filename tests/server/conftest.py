@@ -21,7 +21,7 @@ import pytest
 import uvicorn
 
 from retool_exec import DockerConfig, ExecResult, FakeBackend, LocalConfig, Outcome, RunRequest
-from retool_exec.server import ServerSettings, create_app
+from retool_exec.server import ServerSettings, create_app, uvicorn_config
 from tests.conftest import LABELS, require_docker
 
 PREFIX = "/faas/sandbox"
@@ -51,9 +51,8 @@ def serve(app: Any, *, startup_timeout: float = 120.0) -> Iterator[str]:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        app, log_level="warning", lifespan="on", loop="asyncio", http="h11", ws="none"
-    )
+    # As `retool-exec serve` runs it: the header timeout and connection bound apply.
+    config = uvicorn_config(app, log_level="warning", lifespan="on", loop="asyncio")
     server = uvicorn.Server(config)
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name=f"uvicorn-{port}", daemon=True

@@ -104,6 +104,15 @@ def test_serve_runs_as_a_process_with_a_token_from_the_environment() -> None:
             timeout=30,
         )
         assert response.json()["run_result"]["stdout"] == "42\n"
+        # Headers that never end are cut off (408) before the token is checked (no 401).
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as slow:
+            started = time.monotonic()
+            slow.sendall(b"POST /faas/sandbox/run_code HTTP/1.1\r\nHost: x\r\n")
+            answer = b""
+            while chunk := slow.recv(4096):
+                answer += chunk
+            assert time.monotonic() - started < 8
+            assert answer.startswith(b"HTTP/1.1 408")
     finally:
         process.send_signal(signal.SIGINT)
         try:

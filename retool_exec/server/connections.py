@@ -1,0 +1,144 @@
+"""The HTTP layer under the app: slow and surplus connections never reach it.
+
+uvicorn closes an idle connection only after it has answered a request on it
+(``timeout_keep_alive``), and never bounds how many connections are open. A
+client that opens connections and sends its headers a byte at a time
+(slowloris), or nothing at all, would hold a socket and a file descriptor for
+as long as it likes, before any token check could refuse it.
+
+``GuardedH11Protocol`` is uvicorn's h11 protocol with two additions:
+
+- **header timeout**: a request's headers (the request line included) must
+  be complete ``header_timeout`` seconds after the connection opened, or
+  after the first byte of a later request on a kept-alive connection; else
+  the server answers ``408`` and closes the connection. The app, and so the
+  token check, never sees such a request. The body is not timed here
+  (``BodyLimitMiddleware`` caps its size).
+- **connection bound**: past ``max_connections`` open connections, a new one
+  gets ``504`` (the status SandboxFusion clients retry on) and is closed at
+  once.
+
+``uvicorn_config`` builds a ``uvicorn.Config`` for an app from ``create_app``
+with this protocol and the app's settings; ``retool-exec serve`` uses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, ClassVar
+
+import h11
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from retool_exec.server.settings import ServerSettings
+
+__all__ = ["GuardedH11Protocol", "guarded_protocol", "uvicorn_config"]
+
+log = logging.getLogger("retool_exec.server")
+
+
+def _raw_answer(status: bytes, text: str, *extra: bytes) -> bytes:
+    """A whole HTTP/1.1 answer that closes the connection, written before h11 saw a request."""
+    body = text.encode("ascii")
+    head = [
+        b"HTTP/1.1 " + status,
+        b"content-type: text/plain; charset=utf-8",
+        *extra,
+        b"connection: close",
+        b"content-length: " + str(len(body)).encode("ascii"),
+    ]
+    return b"\r\n".join(head) + b"\r\n\r\n" + body
+
+
+_TIMED_OUT = _raw_answer(b"408 Request Timeout", "the request headers came in too slowly")
+_TOO_MANY = _raw_answer(
+    b"504 Gateway Timeout", "too many open connections; retry later", b"retry-after: 1"
+)
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol, plus a header timeout and a bound on open connections."""
+
+    header_timeout: ClassVar[float] = 5.0
+    """Seconds a request's headers may take to arrive."""
+    max_connections: ClassVar[int | None] = 1024
+    """Most connections open at once (None: no bound)."""
+
+    _header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        limit = self.max_connections
+        if limit is not None and len(self.connections) > limit:
+            log.warning("refused a connection: %d are open (max_connections)", limit)
+            self.transport.write(_TOO_MANY)
+            self.transport.close()
+            return
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        if self._header_timer is None and self.conn.their_state is h11.IDLE:
+            self._arm()  # the first bytes of a request: its headers are timed from now
+        super().data_received(data)
+        if self.conn.their_state is not h11.IDLE:
+            self._disarm()  # the headers are in; the app takes over
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        # A pipelined request already (partly) buffered is timed from now.
+        if (
+            not self.transport.is_closing()
+            and self.conn.their_state is h11.IDLE
+            and self.conn.trailing_data[0]
+        ):
+            self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._header_timer = self.loop.call_later(self.header_timeout, self._headers_too_slow)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_too_slow(self) -> None:
+        self._header_timer = None
+        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+            return
+        if self.conn.our_state is h11.IDLE:  # not in the middle of an answer
+            self.transport.write(_TIMED_OUT)
+        self.transport.close()
+
+
+def guarded_protocol(settings: ServerSettings) -> type[GuardedH11Protocol]:
+    """``GuardedH11Protocol`` with ``settings``' header timeout and connection bound."""
+    return type(
+        "GuardedH11Protocol",
+        (GuardedH11Protocol,),
+        {
+            "header_timeout": settings.header_timeout,
+            "max_connections": settings.max_connections,
+        },
+    )
+
+
+def uvicorn_config(app: Any, **options: Any) -> uvicorn.Config:
+    """A ``uvicorn.Config`` serving ``app`` over ``GuardedH11Protocol``.
+
+    ``app`` is one ``create_app`` built (its settings are read from it); any
+    other ASGI app gets the default settings. ``options`` go to
+    ``uvicorn.Config`` (``host``, ``port``, ``log_level``, ...); ``http`` and
+    ``ws`` are set here.
+    """
+    service = getattr(getattr(app, "state", None), "service", None)
+    settings = getattr(service, "settings", None)
+    if not isinstance(settings, ServerSettings):
+        settings = ServerSettings()
+    return uvicorn.Config(app, http=guarded_protocol(settings), ws="none", **options)

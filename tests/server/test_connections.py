@@ -1,0 +1,142 @@
+"""Slow and surplus connections: closed by the HTTP layer before the app (or the token) sees them.
+
+A client that opens connections and never finishes its headers (slowloris)
+would otherwise hold a socket and a file descriptor for as long as it likes:
+uvicorn times out only idle keep-alive connections, and only after a response.
+These tests speak raw HTTP over sockets to 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from retool_exec import FakeBackend
+from retool_exec.server import ServerSettings, create_app
+from tests.server.conftest import TOKEN, serve
+
+pytestmark = pytest.mark.server
+
+HEADER_TIMEOUT = 1.0
+
+
+@contextlib.contextmanager
+def guarded_server(**overrides: object) -> Iterator[tuple[str, int]]:
+    options: dict[str, object] = {"header_timeout": HEADER_TIMEOUT, "token": TOKEN}
+    options.update(overrides)
+    settings = ServerSettings.model_validate(options)
+    with serve(create_app(FakeBackend(lambda _request: "ok\n"), settings=settings)) as url:
+        yield url, int(url.rsplit(":", 1)[1])
+
+
+def closed_within(sock: socket.socket, seconds: float) -> tuple[bool, bytes]:
+    """Whether the server closed ``sock`` within ``seconds``, and what it sent first."""
+    sock.settimeout(0.1)
+    received = b""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            chunk = sock.recv(4096)
+        except TimeoutError:
+            continue
+        except ConnectionResetError:
+            return True, received
+        if not chunk:
+            return True, received
+        received += chunk
+    return False, received
+
+
+def trickle(sock: socket.socket, data: bytes, *, every: float, until: float) -> bool:
+    """Send ``data`` a byte at a time; False as soon as the server has closed the socket."""
+    for byte in data:
+        if time.monotonic() > until:
+            break
+        try:
+            sock.sendall(bytes([byte]))
+        except (BrokenPipeError, ConnectionResetError):
+            return False
+        time.sleep(every)
+    return True
+
+
+def test_a_connection_that_sends_nothing_is_closed() -> None:
+    with guarded_server() as (_url, port), socket.create_connection(("127.0.0.1", port)) as sock:
+        closed, _ = closed_within(sock, HEADER_TIMEOUT + 2.0)
+        assert closed
+
+
+def test_headers_trickled_past_the_header_timeout_are_cut_off_before_the_token_check() -> None:
+    with guarded_server() as (_url, port), socket.create_connection(("127.0.0.1", port)) as sock:
+        started = time.monotonic()
+        head = b"POST /run_code HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 200
+        trickle(sock, head, every=0.2, until=started + HEADER_TIMEOUT + 3.0)
+        closed, answer = closed_within(sock, 3.0)
+        assert closed
+        assert time.monotonic() - started < HEADER_TIMEOUT + 3.5
+        assert b"401" not in answer  # the request never reached the token check
+        assert answer == b"" or answer.startswith(b"HTTP/1.1 408")
+
+
+def test_the_next_request_on_a_kept_alive_connection_is_timed_too() -> None:
+    with (
+        guarded_server(token=None) as (_url, port),
+        socket.create_connection(("127.0.0.1", port)) as sock,
+    ):
+        body = b'{"code": "print(1)"}'
+        sock.sendall(
+            b"POST /run_code HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        sock.settimeout(5)
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        started = time.monotonic()
+        still_open = trickle(
+            sock, b"GET /v1/ping HTTP/1.1\r\nX-Slow: " + b"a" * 100, every=0.2, until=started + 6
+        )
+        closed, _ = closed_within(sock, 3.0) if still_open else (True, b"")
+        assert closed
+        assert time.monotonic() - started < HEADER_TIMEOUT + 3.5
+
+
+def test_slow_but_timely_headers_are_served() -> None:
+    with (
+        guarded_server(token=None) as (_url, port),
+        socket.create_connection(("127.0.0.1", port)) as sock,
+    ):
+        sock.sendall(b"GET /v1/ping HTTP/1.1\r\n")
+        time.sleep(HEADER_TIMEOUT / 3)
+        sock.sendall(b"Host: 127.0.0.1\r\n\r\n")
+        sock.settimeout(5)
+        answer = sock.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 200")
+        assert answer.endswith(b'"pong"')
+
+
+def test_open_connections_are_bounded() -> None:
+    with guarded_server(max_connections=4, header_timeout=10.0, token=None) as (url, port):
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
+        try:
+            time.sleep(0.2)  # let the server accept them all
+            with socket.create_connection(("127.0.0.1", port)) as surplus:
+                closed, answer = closed_within(surplus, 3.0)
+            assert closed
+            assert answer == b"" or answer.startswith(b"HTTP/1.1 504")
+        finally:
+            for sock in idle:
+                sock.close()
+        deadline = time.monotonic() + 5
+        while True:  # the slots come back once the idle connections are gone
+            try:
+                if httpx.get(f"{url}/v1/ping", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
