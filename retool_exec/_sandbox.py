@@ -27,7 +27,7 @@ from typing import Self
 
 from retool_exec._autoprint import add_auto_print
 from retool_exec._errors import ConfigError, SandboxClosedError, SandboxForkedError
-from retool_exec._formatting import format_tool_content
+from retool_exec._formatting import format_tool_content, resolve_markers
 from retool_exec._models import ExecResult, Outcome
 from retool_exec._portal import LoopThread
 from retool_exec._stats import SandboxStats
@@ -57,7 +57,7 @@ class Sandbox:
         timeout: float | None = None,
         max_workers: int | None = None,
         auto_print: bool = False,
-        markers: Mapping[str, str] | None = None,
+        markers: Mapping[str, str] | Iterable[str] | None = None,  # see resolve_markers
         max_code_chars: int = DEFAULT_MAX_CODE_CHARS,
     ) -> None:
         _check_timeout(timeout)
@@ -81,7 +81,7 @@ class Sandbox:
                 capacity,
             )
         self.auto_print = auto_print
-        self.markers = dict(markers) if markers is not None else None
+        self.markers = resolve_markers(markers) if markers is not None else None
         self.max_code_chars = max_code_chars
         self.stats = SandboxStats()
         self._lock = threading.Lock()
