@@ -16,6 +16,10 @@ from retool_exec._errors import (
     RetoolExecError,
     SandboxClosedError,
     SandboxForkedError,
+    SessionError,
+    SessionLimitError,
+    SessionLostError,
+    SessionsUnsupportedError,
 )
 from retool_exec._formatting import (
     DEFAULT_MARKERS,
@@ -26,10 +30,11 @@ from retool_exec._formatting import (
     sanitize_tool_content,
     truncate_tail,
 )
-from retool_exec._models import ExecResult, Outcome
+from retool_exec._models import CellResult, ExecResult, Outcome
 from retool_exec._sandbox import LocalPythonSandbox, Sandbox
+from retool_exec._session import Session
 from retool_exec._stats import SandboxStats
-from retool_exec.backends.base import Backend, RunRequest
+from retool_exec.backends.base import Backend, RunRequest, SessionHandle
 from retool_exec.backends.config import (
     AnyBackendConfig,
     BackendConfigBase,
@@ -52,6 +57,7 @@ __all__ = [
     "BackendConfigBase",
     "BackendNotFoundError",
     "BackendUnavailableError",
+    "CellResult",
     "ConfigError",
     "DockerConfig",
     "DockerUnavailableError",
@@ -68,6 +74,12 @@ __all__ = [
     "SandboxClosedError",
     "SandboxForkedError",
     "SandboxStats",
+    "Session",
+    "SessionError",
+    "SessionHandle",
+    "SessionLimitError",
+    "SessionLostError",
+    "SessionsUnsupportedError",
     "__version__",
     "add_auto_print",
     "available_backends",

@@ -10,6 +10,11 @@ of the API. During a call, a broken sandbox is reported in the result as
     ├── ConfigError (ValueError)           invalid or unknown backend configuration
     │   └── BackendNotFoundError (LookupError)
     ├── SandboxClosedError                 the Sandbox or Backend was closed
+    │   └── SandboxForkedError             used in a child process after fork()
+    ├── SessionError (RuntimeError)        a stateful session cannot be used
+    │   ├── SessionLostError               its interpreter ended (killed, OOM, exit, TTL)
+    │   ├── SessionLimitError              the Sandbox's session cap is reached
+    │   └── SessionsUnsupportedError       the backend has no sessions
     └── BackendUnavailableError            the backend cannot start
         ├── DockerUnavailableError (ConnectionError)  daemon not reachable
         └── ImageError                     sandbox image missing or unbuildable
@@ -25,6 +30,11 @@ __all__ = [
     "ImageError",
     "RetoolExecError",
     "SandboxClosedError",
+    "SandboxForkedError",
+    "SessionError",
+    "SessionLimitError",
+    "SessionLostError",
+    "SessionsUnsupportedError",
 ]
 
 
@@ -50,6 +60,23 @@ class SandboxForkedError(SandboxClosedError):
     Its event loop thread and its containers' streams belong to the parent;
     configs are plain pydantic data and pickle, so pass the config instead.
     """
+
+
+class SessionError(RetoolExecError, RuntimeError):
+    """A stateful session (``Sandbox.session()``) cannot be used."""
+
+
+class SessionLostError(SessionError):
+    """The session's interpreter is gone (killed after a timeout, OOM, exited, container
+    lost, idle past its TTL, or closed); its state is lost. Never silently replaced."""
+
+
+class SessionLimitError(SessionError):
+    """The Sandbox already holds its ``max_sessions`` open sessions."""
+
+
+class SessionsUnsupportedError(SessionError):
+    """The backend cannot keep an interpreter between calls."""
 
 
 class BackendUnavailableError(RetoolExecError, RuntimeError):

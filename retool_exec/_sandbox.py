@@ -21,28 +21,39 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Coroutine, Iterable, Mapping
 from types import TracebackType
-from typing import Self
+from typing import Any, Self, TypeVar
 
 from retool_exec._autoprint import add_auto_print
-from retool_exec._errors import ConfigError, SandboxClosedError, SandboxForkedError
+from retool_exec._errors import (
+    ConfigError,
+    SandboxClosedError,
+    SandboxForkedError,
+    SessionLimitError,
+)
 from retool_exec._formatting import format_tool_content, resolve_markers
 from retool_exec._models import ExecResult, Outcome
 from retool_exec._portal import LoopThread
+from retool_exec._session import Session
 from retool_exec._stats import SandboxStats
-from retool_exec.backends.base import Backend, RunRequest
+from retool_exec.backends.base import Backend, RunRequest, SessionHandle
 from retool_exec.backends.config import BackendConfigBase, LocalConfig
 from retool_exec.backends.registry import resolve_backend
 
 __all__ = ["DEFAULT_MAX_CODE_CHARS", "LocalPythonSandbox", "Sandbox"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 DEFAULT_MAX_CODE_CHARS = 16 * 1024 * 1024
 """Code longer than this is rejected with an explicit result instead of run."""
 
 _MAX_TIMEOUT = 24 * 3600.0
+DEFAULT_MAX_SESSIONS = 64
+"""Sessions a Sandbox keeps open at once (each Docker session family holds a container)."""
+DEFAULT_SESSION_TTL = 600.0
+"""Seconds a session may stay idle before it is closed (its next use raises SessionLostError)."""
 DEFAULT_MAX_WORKERS = 8
 """The seed's default concurrency, for backends without a fixed capacity."""
 
@@ -59,8 +70,18 @@ class Sandbox:
         auto_print: bool = False,
         markers: Mapping[str, str] | Iterable[str] | None = None,  # see resolve_markers
         max_code_chars: int = DEFAULT_MAX_CODE_CHARS,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
+        session_ttl: float = DEFAULT_SESSION_TTL,
     ) -> None:
         _check_timeout(timeout)
+        if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 0:
+            raise ConfigError(f"max_sessions must be an integer >= 0, got {max_sessions!r}")
+        if (
+            isinstance(session_ttl, bool)
+            or not isinstance(session_ttl, int | float)
+            or not (0 < session_ttl <= _MAX_TIMEOUT)
+        ):
+            raise ConfigError(f"session_ttl must be in (0, {_MAX_TIMEOUT:.0f}] s: {session_ttl}")
         if max_workers is not None and (
             isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1
         ):
@@ -91,6 +112,11 @@ class Sandbox:
         self._started = False
         self._closed = False
         self._owner_pid = os.getpid()
+        self.max_sessions = max_sessions
+        self.session_ttl = float(session_ttl)
+        self._sessions: set[Session] = set()
+        self._session_reservations = 0
+        self._reaper: asyncio.Task[None] | None = None
         _open_sandboxes.add(self)
 
     # -- the seed's API ----------------------------------------------------
@@ -188,6 +214,102 @@ class Sandbox:
         portal = self._ensure_portal()
         return await asyncio.wrap_future(portal.submit(self._gather(codes, timeout, memory_mb)))
 
+    # -- sessions ----------------------------------------------------------------
+
+    def session(self, *, memory_mb: int | None = None) -> SessionContext:
+        """A stateful session, as a context manager (``with`` or ``async with``).
+
+        Globals, imported modules and files in the working directory persist
+        between its cells; ``fork()`` copies them. See ``retool_exec._session``.
+        """
+        return SessionContext(self, memory_mb)
+
+    def open_session(self, *, memory_mb: int | None = None) -> Session:
+        """A stateful session to close yourself (or leave to ``close()`` of the Sandbox)."""
+        return self._call_in_loop(self._open_session_in_loop(memory_mb))
+
+    async def aopen_session(self, *, memory_mb: int | None = None) -> Session:
+        """Async ``open_session``."""
+        return await self._acall_in_loop(self._open_session_in_loop(memory_mb))
+
+    @property
+    def open_sessions(self) -> int:
+        """Sessions open now (forks included)."""
+        return len(self._sessions)
+
+    async def _open_session_in_loop(self, memory_mb: int | None) -> Session:
+        if memory_mb is not None and (
+            isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or memory_mb < 1
+        ):
+            raise ConfigError(f"memory_mb must be an integer of at least 1, got {memory_mb!r}")
+        await self._ensure_started()
+        self._reserve_session()
+        try:
+            handle = await self.backend.open_session(memory_mb=memory_mb)
+        except BaseException:
+            self._release_session(None)
+            raise
+        return self._adopt_session(handle)
+
+    def _reserve_session(self) -> None:
+        if self._closed:
+            raise SandboxClosedError("this sandbox is closed")
+        if len(self._sessions) + self._session_reservations >= self.max_sessions:
+            raise SessionLimitError(
+                f"this Sandbox already holds {self.max_sessions} open sessions (max_sessions); "
+                "close some first"
+            )
+        self._session_reservations += 1
+
+    def _adopt_session(self, handle: SessionHandle) -> Session:
+        self._session_reservations -= 1
+        session = Session(self, handle)
+        self._sessions.add(session)
+        if self._reaper is None or self._reaper.done():
+            self._reaper = asyncio.get_running_loop().create_task(self._reap_idle_sessions())
+        return session
+
+    def _release_session(self, session: Session | None) -> None:
+        if session is None:
+            self._session_reservations -= 1
+        else:
+            self._sessions.discard(session)
+
+    async def _reap_idle_sessions(self) -> None:
+        """Close sessions idle longer than ``session_ttl`` (checked a few times per TTL)."""
+        while self._sessions:
+            await asyncio.sleep(min(5.0, self.session_ttl / 4))
+            now = time.monotonic()
+            for session in list(self._sessions):
+                if now - session.last_used > self.session_ttl and not session._lock.locked():
+                    await session.aclose_in_loop(
+                        f"it was idle for more than {self.session_ttl:.0f} s (session_ttl)"
+                    )
+
+    async def _close_sessions(self, reason: str) -> None:
+        for session in list(self._sessions):
+            await session.aclose_in_loop(reason)
+
+    def _call_in_loop(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the sandbox's loop and wait for it (from any other thread)."""
+        portal = self._ensure_portal()
+        if portal.in_loop_thread:
+            coro.close()
+            raise RuntimeError("a blocking Sandbox method was called from its own event loop")
+        future = portal.submit(coro)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()
+            raise
+
+    async def _acall_in_loop(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the sandbox's loop without blocking the caller's loop."""
+        portal = self._ensure_portal()
+        if portal.in_loop_thread:
+            return await coro
+        return await asyncio.wrap_future(portal.submit(coro))
+
     # -- lifecycle -------------------------------------------------------------
 
     def start(self) -> None:
@@ -214,6 +336,7 @@ class Sandbox:
             return
         try:
             if not portal.in_loop_thread:
+                portal.submit(self._close_sessions("the sandbox was closed")).result()
                 portal.submit(self.backend.close()).result()
         finally:
             portal.stop()
@@ -416,6 +539,31 @@ def _as_bytes(data: object) -> bytes:
     if isinstance(data, bytes | bytearray | memoryview):
         return bytes(data)
     raise TypeError(f"expected str or bytes, not {type(data).__name__}")
+
+
+class SessionContext:
+    """What ``Sandbox.session()`` returns: opens on enter (sync or async), closes on exit."""
+
+    def __init__(self, sandbox: Sandbox, memory_mb: int | None) -> None:
+        self._sandbox = sandbox
+        self._memory_mb = memory_mb
+        self._session: Session | None = None
+
+    def __enter__(self) -> Session:
+        self._session = self._sandbox.open_session(memory_mb=self._memory_mb)
+        return self._session
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._session is not None:
+            self._session.close()
+
+    async def __aenter__(self) -> Session:
+        self._session = await self._sandbox.aopen_session(memory_mb=self._memory_mb)
+        return self._session
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._session is not None:
+            await self._session.aclose()
 
 
 _open_sandboxes: weakref.WeakSet[Sandbox] = weakref.WeakSet()

@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import ClassVar, Self
 
+from retool_exec._errors import SessionsUnsupportedError
 from retool_exec._models import ExecResult
 from retool_exec.backends.docker.agent import wire
 
-__all__ = ["Backend", "RunRequest"]
+__all__ = ["Backend", "RunRequest", "SessionHandle"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +91,10 @@ class Backend(abc.ABC):
     async def run(self, request: RunRequest) -> ExecResult:
         """Run one request and return its result; never raise for the code's failures."""
 
+    async def open_session(self, *, memory_mb: int | None = None) -> SessionHandle:
+        """A new long-lived interpreter (see ``Sandbox.session``); not every backend has one."""
+        raise SessionsUnsupportedError(f"the {self.name} backend has no sessions")
+
     async def close(self) -> None:  # noqa: B027 - optional hook, empty by default
         """Release everything (processes, containers). Idempotent."""
 
@@ -104,3 +109,31 @@ class Backend(abc.ABC):
         tb: TracebackType | None,
     ) -> None:
         await self.close()
+
+
+class SessionHandle(abc.ABC):
+    """One live interpreter of a backend, driven cell by cell.
+
+    ``run`` returns the cell's ExecResult (its own stdout and stderr only; an
+    exception is the cell's error and the interpreter lives on; a cell past
+    its timeout is interrupted with KeyboardInterrupt and, if it does not
+    stop within a grace period, the interpreter is killed). Once the
+    interpreter is gone, ``lost`` says why and ``run``/``fork`` raise
+    ``SessionLostError``. ``fork`` returns an independent copy of the state at
+    that instant.
+    """
+
+    lost: str | None = None
+    """Why the interpreter is gone; None while it lives."""
+
+    @abc.abstractmethod
+    async def run(self, code: str, timeout: float) -> ExecResult:
+        """Run one cell in this interpreter."""
+
+    @abc.abstractmethod
+    async def fork(self) -> SessionHandle:
+        """A new, independent interpreter whose state is a copy of this one's now."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """End the interpreter. Idempotent."""

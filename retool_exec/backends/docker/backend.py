@@ -20,10 +20,10 @@ from typing import Any
 import docker
 import docker.errors
 
-from retool_exec._errors import BackendUnavailableError, ImageError
+from retool_exec._errors import BackendUnavailableError, ImageError, SessionLostError
 from retool_exec._models import CellResult, ExecResult, Outcome, classify_exit
 from retool_exec._output import finish_stream, read_cap_bytes
-from retool_exec.backends.base import Backend, RunRequest
+from retool_exec.backends.base import Backend, RunRequest, SessionHandle
 from retool_exec.backends.config import DockerConfig
 from retool_exec.backends.docker.agent import wire
 from retool_exec.backends.docker.client import connect, retry_docker
@@ -65,6 +65,7 @@ class DockerBackend(Backend):
         self._factory: ContainerFactory | None = None
         self.image: str | None = None
         self.startup_seconds: float | None = None
+        self._session_containers: set[SandboxContainer] = set()
 
     @property
     def capacity(self) -> int:
@@ -190,6 +191,37 @@ class DockerBackend(Backend):
         return self._failure(
             started, "no healthy sandbox container: each one failed before the code began"
         )
+
+    async def open_session(self, *, memory_mb: int | None = None) -> SessionHandle:
+        """A session family of its own: a warm container taken out of the pool for good."""
+        from retool_exec.backends.docker.sessions import DockerSession
+
+        if self._pool is None:
+            await self.start()
+        pool = self._pool
+        assert pool is not None
+        try:
+            container = await pool.acquire(self.config.start_timeout)
+        except PoolUnavailableError as exc:
+            raise SessionLostError(f"no sandbox container for the session: {exc}") from exc
+        pool.detach(container)
+        self._session_containers.add(container)
+        try:
+            return await DockerSession.open(self, container, memory_mb)
+        except BaseException:
+            await self.destroy_session_container(container)
+            raise
+
+    async def destroy_session_container(self, container: SandboxContainer) -> None:
+        """The end of a session family: its container is destroyed (never reused)."""
+        if container in self._session_containers:
+            self._session_containers.discard(container)
+            if self._factory is not None:
+                await self._factory.destroy(container)
+
+    async def container_oom_killed(self, container: SandboxContainer) -> bool:
+        """Whether Docker saw ``container`` killed for memory (after its stream ended)."""
+        return self._factory is not None and await self._factory.oom_killed(container.id)
 
     async def _call(
         self, container: SandboxContainer, request: RunRequest, progress: CallProgress | None = None
@@ -357,6 +389,8 @@ class DockerBackend(Backend):
         )
 
     async def close(self) -> None:
+        for container in list(self._session_containers):
+            await self.destroy_session_container(container)
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()

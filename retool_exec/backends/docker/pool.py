@@ -90,6 +90,11 @@ class WarmPool:
         else:
             self.retire(container)
 
+    def detach(self, container: SandboxContainer) -> None:
+        """Hand a container over for good (to a session family) and start its replacement."""
+        self._alive -= 1
+        self._refill()
+
     def retire(self, container: SandboxContainer) -> None:
         """Destroy a container in the background and start its replacement."""
         self._alive -= 1

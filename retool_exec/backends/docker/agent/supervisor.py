@@ -65,6 +65,7 @@ class State:
     sandbox = Identity(wire.DEFAULT_SANDBOX_USER)
     zygote_pid = 0
     control: socket.socket
+    spare: Child | None = None
     baseline: dict[str, object] = {}  # noqa: RUF012 - set once, at start
 
 
@@ -774,12 +775,20 @@ def start(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     return list(ready["loaded"]), dict(ready["failed"])
 
 
+def take_spare() -> Child:
+    """The child forked ahead for the next call (or a new one)."""
+    child, State.spare = State.spare, None
+    return child if child is not None else Child()
+
+
 def main(argv: list[str]) -> int:
+    from . import sessions
+
     try:
         loaded, failed = start(argv)
         reap_orphans()
         State.baseline = reset.measure()
-        child: Child | None = Child()
+        State.spare = Child()
     except Exception as exc:
         write_frame(1, {"type": "fatal", "reason": f"{type(exc).__name__}: {exc}"})
         return 70
@@ -800,46 +809,55 @@ def main(argv: list[str]) -> int:
         except EOFError:
             return 0
         kind = request.get("type")
-        if kind == "run":
-            # The nonce authenticates our answers to the host; no call process ever
-            # holds it (the child gets its own request, without it, from us).
-            nonce = request.pop("nonce", None)
-            try:
-                if child is None:
-                    child = Child()
-                result = run_call(request, child, nonce)
-            except Exception as exc:
-                end_all_calls()
-                write_frame(
-                    1,
-                    {
-                        "type": "error",
-                        "id": request.get("id"),
-                        "nonce": nonce,
-                        "reason": f"{type(exc).__name__}: {exc}",
-                    },
-                )
-                return 70
-            child = None
-            write_frame(1, {**result, "nonce": nonce})
-            if request.get("reset"):
-                clean, reason = reset_container()
-                if clean:
-                    try:
-                        child = Child()
-                    except OSError as exc:
-                        clean, reason = False, f"cannot fork the next call: {exc}"
-                write_frame(
-                    1,
-                    {
-                        "type": "reset",
-                        "id": request.get("id"),
-                        "nonce": nonce,
-                        "clean": clean,
-                        "reason": reason,
-                    },
-                )
-        elif kind == "ping":
-            write_frame(1, {"type": "pong"})
-        else:
-            write_frame(1, {"type": "error", "reason": f"unknown frame type {kind!r}"})
+        # The nonce authenticates our answers to the host; no call process ever
+        # holds it (a child gets its own request, without it, from us).
+        nonce = request.pop("nonce", None)
+        try:
+            if kind == "run":
+                result = run_call(request, take_spare(), nonce)
+                write_frame(1, {**result, "nonce": nonce})
+                if request.get("reset"):
+                    write_frame(1, _reset_frame(request.get("id"), nonce))
+            elif isinstance(kind, str) and kind in SESSION_FRAMES:
+                reply = sessions.handle(request, nonce)
+                if reply.get("type") == "reset" and reply.get("clean"):
+                    reply = _with_spare(reply)
+                write_frame(1, reply)
+            elif kind == "ping":
+                write_frame(1, {"type": "pong"})
+            else:
+                write_frame(1, {"type": "error", "reason": f"unknown frame type {kind!r}"})
+        except Exception as exc:
+            end_all_calls()
+            write_frame(
+                1,
+                {
+                    "type": "error",
+                    "id": request.get("id"),
+                    "nonce": nonce,
+                    "reason": f"{type(exc).__name__}: {exc}",
+                },
+            )
+            return 70
+
+
+SESSION_FRAMES = frozenset(
+    {"session_open", "session_cell", "session_fork", "session_close", "family_reset"}
+)
+
+
+def _reset_frame(call_id: object, nonce: object) -> dict[str, Any]:
+    clean, reason = reset_container()
+    return _with_spare(
+        {"type": "reset", "id": call_id, "nonce": nonce, "clean": clean, "reason": reason}
+    )
+
+
+def _with_spare(reply: dict[str, Any]) -> dict[str, Any]:
+    """After a clean reset, fork the next call's child; failing to is not clean."""
+    if reply.get("clean"):
+        try:
+            State.spare = Child()
+        except OSError as exc:
+            return {**reply, "clean": False, "reason": f"cannot fork the next call: {exc}"}
+    return reply

@@ -258,7 +258,9 @@ def child_main(events_w: int, request_r: int, out_w: int, err_w: int) -> None:
         # From here on the call's own code runs: an ending before this event is the
         # sandbox's failure, after it the code's (the code cannot take this event back).
         _send_event({"type": "started"})
-        if request.get("cells"):
+        if request.get("session"):
+            status = run_session(request_sock)
+        elif request.get("cells"):
             status = run_cells(request_sock, int(request["cells"]))
         else:
             request_sock.close()
@@ -278,6 +280,13 @@ def _lower(limit: int, value: int) -> None:
 
 def _receive(sock: socket.socket, fds_wanted: int = 0) -> dict[str, Any]:
     """One frame from the request socket, with ``fds_wanted`` descriptors installed on 1 and 2."""
+    message, fds = _receive_raw(sock, fds_wanted)
+    _install_output(fds)
+    return message
+
+
+def _receive_raw(sock: socket.socket, fds_wanted: int = 2) -> tuple[dict[str, Any], list[int]]:
+    """One frame from the request socket and the descriptors that came with it."""
     header, fds = _recv_with_fds(sock, wire.FRAME_HEADER.size, fds_wanted)
     (size,) = wire.FRAME_HEADER.unpack(header)
     if size > wire.MAX_FRAME:
@@ -288,12 +297,7 @@ def _receive(sock: socket.socket, fds_wanted: int = 0) -> dict[str, Any]:
         if not chunk:
             raise EOFError("request socket closed")
         payload += chunk
-    if fds:
-        for target, fd in zip((1, 2), fds, strict=False):
-            if fd != target:  # received descriptors take the lowest free numbers: maybe 1 and 2
-                os.dup2(fd, target)
-                os.close(fd)
-    return wire.decode_payload(bytes(payload))
+    return wire.decode_payload(bytes(payload)), fds
 
 
 def _recv_with_fds(sock: socket.socket, size: int, fds_wanted: int) -> tuple[bytes, list[int]]:
@@ -422,26 +426,96 @@ def run_cells(request_sock: socket.socket, count: int) -> int:
             cell = _receive(request_sock, fds_wanted=2)
         except (EOFError, ValueError):
             return 0
-        _std_streams()
-        display, error = [], []
-        try:
-            try:
-                value = _run_cell(str(cell.get("code", "")), namespace, index)
-                if value is not None:
-                    display.append({"text/plain": _safe_repr(value)})
-            except SystemExit:
-                raise
-            except BaseException as exc:
-                error.append(_error_record(exc))
-                _print_exception(exc)
-        except SystemExit as exc:
-            _flush()
-            return exit_status(exc)
-        _flush()
-        os.close(1)  # this cell's pipes end here (stray writers keep only their own copies)
-        os.close(2)
-        _send_event({"type": "cell_end", "index": index, "display": display, "error": error})
+        _one_cell(str(cell.get("code", "")), namespace, index)
     return _finish(0)
+
+
+def run_session(request_sock: socket.socket) -> int:
+    """A session: cells (and forks) for as long as the supervisor keeps the request socket open.
+
+    ``{"type": "cell"}`` comes with its stdout/stderr pipes; ``{"type": "fork"}``
+    with a new events pipe and request socket: this process forks twice (so
+    the copy's parent is PID 1, the supervisor, which sees its exit status),
+    and the copy reports ``forked`` on its new events pipe and serves those.
+    """
+    namespace = _fresh_main()
+    index = 0
+    while True:
+        try:
+            message, fds = _receive_raw(request_sock)
+        except (EOFError, ValueError):
+            return 0
+        kind = message.get("type")
+        if kind == "cell" and len(fds) == 2:
+            _install_output(fds)
+            _one_cell(str(message.get("code", "")), namespace, index)
+            index += 1
+        elif kind == "fork" and len(fds) == 2:
+            if _fork_session(*fds):
+                _send_event({"type": "forked", "pid": os.getpid()})
+        else:
+            for fd in fds:
+                os.close(fd)
+
+
+def _fork_session(events_w: int, request_fd: int) -> bool:
+    """Fork a copy of this session onto new descriptors; True in the copy."""
+    try:
+        middle = os.fork()
+    except OSError:
+        middle = -1  # the new events pipe just closes: the supervisor reports the failure
+    if middle == 0:
+        try:
+            copy = os.fork()
+        except OSError:
+            os._exit(1)
+        if copy != 0:
+            os._exit(0)  # the copy is orphaned at once: PID 1 adopts it
+        os.dup2(events_w, EVENTS_FD)
+        os.dup2(request_fd, REQUEST_FD)
+        os.close(events_w)
+        os.close(request_fd)
+        return True
+    os.close(events_w)
+    os.close(request_fd)
+    if middle > 0:
+        try:
+            os.waitpid(middle, 0)
+        except ChildProcessError:
+            pass
+    return False
+
+
+def _install_output(fds: list[int]) -> None:
+    for target, fd in zip((1, 2), fds, strict=False):
+        if fd != target:  # received descriptors take the lowest free numbers: maybe 1 and 2
+            os.dup2(fd, target)
+            os.close(fd)
+
+
+def _one_cell(source: str, namespace: dict[str, Any], index: int) -> None:
+    """Run one cell on the output pipes now on 1 and 2, then point 1 and 2 at /dev/null.
+
+    As in IPython, ``SystemExit`` is the cell's error and the interpreter lives
+    on; only the process ending (``os._exit``, a signal) ends it.
+    """
+    _std_streams()
+    display, error = [], []
+    try:
+        value = _run_cell(source, namespace, index)
+        if value is not None:
+            display.append({"text/plain": _safe_repr(value)})
+    except BaseException as exc:
+        error.append(_error_record(exc))
+        _print_exception(exc)
+    _flush()
+    # This cell's pipes end here; stray writers (threads, children) hit /dev/null,
+    # never a descriptor number reused by something else.
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    os.close(null)
+    _send_event({"type": "cell_end", "index": index, "display": display, "error": error})
 
 
 def _run_cell(source: str, namespace: dict[str, Any], index: int) -> Any:

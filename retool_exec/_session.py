@@ -1,0 +1,162 @@
+"""Stateful sessions: one interpreter kept between calls, and forked in milliseconds.
+
+    with sandbox.session() as session:
+        session.run_code("import sympy as sp; x = sp.symbols('x')")
+        branch = session.fork()               # a copy of the state, now
+        session.run_code("print(sp.solve(x**2 - 2, x))")
+        branch.run_code("print(x + 1)")       # unaffected by the other branch
+
+A session is a backend's ``SessionHandle`` seen through the Sandbox: the
+same ExecResult, stats and ``format_tool_content``, sync and async methods,
+and the Sandbox's limits (``max_sessions`` open at once, ``session_ttl``
+seconds idle). A session that ended (killed after a timeout, OOM, exited,
+idle past its TTL, its container lost) raises ``SessionLostError``; it is
+never replaced by a fresh interpreter behind the caller's back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import TracebackType
+from typing import TYPE_CHECKING, Self
+
+from retool_exec._errors import SessionLostError
+from retool_exec._models import ExecResult
+from retool_exec.backends.base import SessionHandle
+
+if TYPE_CHECKING:
+    from retool_exec._sandbox import Sandbox
+
+__all__ = ["Session"]
+
+
+class Session:
+    """One interpreter of a Sandbox's backend; see the module docstring."""
+
+    def __init__(self, sandbox: Sandbox, handle: SessionHandle) -> None:
+        self._sandbox = sandbox
+        self._handle = handle
+        self._closed = False
+        self._lock = asyncio.Lock()
+        self.last_used = time.monotonic()
+        self.cells = 0
+
+    # -- running cells -------------------------------------------------------
+
+    def run_code(self, code: str, *, timeout: float | None = None) -> ExecResult:
+        """Run one cell and wait for its result (any thread)."""
+        return self._sandbox._call_in_loop(self.arun_code_in_loop(code, timeout))
+
+    async def arun_code(self, code: str, *, timeout: float | None = None) -> ExecResult:
+        """Run one cell without blocking the caller's event loop."""
+        return await self._sandbox._acall_in_loop(self.arun_code_in_loop(code, timeout))
+
+    async def arun_code_in_loop(self, code: str, timeout: float | None) -> ExecResult:
+        submitted = time.perf_counter()
+        prepared = self._sandbox._prepare(code, submitted, timeout)
+        if isinstance(prepared, ExecResult):
+            return prepared
+        async with self._lock:  # one cell at a time per interpreter
+            self._check_usable()
+            self.last_used = time.monotonic()
+            result = await self._handle.run(prepared.code, prepared.timeout)
+            self.last_used = time.monotonic()
+            self.cells += 1
+        result = result.model_copy(
+            update={"latency": time.perf_counter() - submitted, "timeout": prepared.timeout}
+        )
+        self._sandbox.stats.record(result)
+        return result
+
+    def format_tool_content(self, result: ExecResult) -> str:
+        """The observation for ``result``, as ``Sandbox.format_tool_content``."""
+        return self._sandbox.format_tool_content(result)
+
+    # -- branching -------------------------------------------------------------
+
+    def fork(self) -> Session:
+        """A new, independent session whose state is a copy of this one's now."""
+        return self._sandbox._call_in_loop(self.afork_in_loop())
+
+    async def afork(self) -> Session:
+        """Async ``fork``."""
+        return await self._sandbox._acall_in_loop(self.afork_in_loop())
+
+    async def afork_in_loop(self) -> Session:
+        async with self._lock:
+            self._check_usable()
+            self._sandbox._reserve_session()
+            try:
+                handle = await self._handle.fork()
+            except BaseException:
+                self._sandbox._release_session(None)
+                raise
+            self.last_used = time.monotonic()
+        return self._sandbox._adopt_session(handle)
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    @property
+    def lost(self) -> str | None:
+        """Why the interpreter is gone (None while it lives)."""
+        if self._closed and self._handle.lost is None:
+            return "the session was closed"
+        return self._handle.lost
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """End the interpreter. Idempotent; the Sandbox closes what is left open."""
+        if not self._closed:
+            self._sandbox._call_in_loop(self.aclose_in_loop())
+
+    async def aclose(self) -> None:
+        """Async ``close``."""
+        if not self._closed:
+            await self._sandbox._acall_in_loop(self.aclose_in_loop())
+
+    async def aclose_in_loop(self, reason: str | None = None) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._handle.close()
+        finally:
+            if reason and self._handle.lost is None:
+                self._handle.lost = reason
+            self._sandbox._release_session(self)
+
+    def _check_usable(self) -> None:
+        if self._handle.lost is not None:
+            raise SessionLostError(f"this session is gone: {self._handle.lost}")
+        if self._closed:
+            raise SessionLostError("this session was closed")
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        state = f"lost: {self.lost}" if self.lost else f"{self.cells} cells"
+        return f"Session({self._sandbox.backend.name}, {state})"

@@ -1,0 +1,331 @@
+"""Sessions in the supervisor: long-lived interpreters driven cell by cell, and their forks.
+
+One container serves one session family (a session and its forks) at a
+time; the host never mixes families in a container. Each session is a
+process of the calls' uid with its own events pipe and request socket. A
+cell is sent with fresh stdout/stderr pipes (so no cell can write another
+cell's output) and answered by the session's ``cell_end`` event; a cell
+past its timeout gets SIGINT (KeyboardInterrupt), and one that does not stop
+within ``INTERRUPT_GRACE`` is killed and its session lost. A fork is a
+double fork inside the session, so the copy's parent is PID 1 and its exit
+status is the supervisor's to collect.
+
+Host -> agent frames (each with ``id`` and ``nonce``; each answered by a frame
+carrying them): ``session_open`` {sid, cpu_seconds, memory_mb},
+``session_cell`` {sid, code, timeout, read_cap}, ``session_fork`` {sid, new_sid},
+``session_close`` {sid}, ``family_reset`` (kill everything, clean, prove the
+baseline; answered by a ``reset`` frame).
+"""
+
+from __future__ import annotations
+
+import array
+import os
+import select
+import signal
+import socket
+import time
+from typing import Any
+
+from . import supervisor as sv
+from . import wire
+
+START_BUDGET = 5.0
+"""Seconds a new session or fork has to report that it is ready."""
+LIVENESS_TICK = 0.1
+"""Seconds between checks that a session's process still exists, while a cell runs."""
+
+
+class SessionProcess:
+    """The supervisor's end of one session: its pid, events pipe and request socket."""
+
+    def __init__(self, pid: int, events_r: int, request: socket.socket) -> None:
+        self.pid = pid
+        self.events_r = events_r
+        self.request = request
+        self.events = wire.FrameDecoder(max_frame=1 << 20)
+        self.lost: str | None = None
+        os.set_blocking(events_r, False)
+
+    def close(self) -> None:
+        try:
+            os.close(self.events_r)
+        except OSError:
+            pass
+        self.request.close()
+
+
+table: dict[int, SessionProcess] = {}
+
+
+def handle(request: dict[str, Any], nonce: object) -> dict[str, Any]:
+    """Answer one session frame (never raises for the session's own failures)."""
+    kind = request.get("type")
+    reply: dict[str, Any] = {"id": request.get("id"), "nonce": nonce}
+    sid = request.get("sid")
+    if kind == "session_open":
+        return {**reply, **open_session(int(sid or 0), request)}
+    if kind == "session_fork":
+        return {**reply, **fork_session(int(sid or 0), int(request.get("new_sid") or 0))}
+    if kind == "session_cell":
+        return {**reply, **run_cell(int(sid or 0), request)}
+    if kind == "session_close":
+        close_session(int(sid or 0))
+        return {**reply, "type": "session", "sid": sid, "ok": True}
+    if kind == "family_reset":
+        for key in list(table):
+            close_session(key)
+        clean, reason = sv.reset_container()
+        return {**reply, "type": "reset", "clean": clean, "reason": reason}
+    return {**reply, "type": "error", "reason": f"unknown session frame {kind!r}"}
+
+
+def _refused(sid: int, reason: str) -> dict[str, Any]:
+    return {"type": "session", "sid": sid, "ok": False, "reason": reason}
+
+
+def open_session(sid: int, request: dict[str, Any]) -> dict[str, Any]:
+    if sid in table:
+        return _refused(sid, "session id in use")
+    child = sv.take_spare()
+    to_child = {
+        "type": "request",
+        "session": True,
+        "code": "",
+        "cpu_seconds": request.get("cpu_seconds", 24 * 3600),
+        "memory_mb": request.get("memory_mb"),
+        "stdin": None,
+    }
+    try:
+        child.request.sendall(wire.encode_frame(to_child))
+    except OSError as exc:
+        child.close()
+        return _refused(sid, f"the session's process is gone: {exc}")
+    for fd in (child.out_r, child.err_r):
+        os.close(fd)  # a session's output goes to each cell's own pipes
+    process = SessionProcess(child.pid, child.events_r, child.request)
+    ready = _wait_for(process, "started")
+    if ready is None:
+        process.close()
+        sv.signal_call(child.pid, signal.SIGKILL)
+        return _refused(sid, "the session's process did not start")
+    table[sid] = process
+    return {"type": "session", "sid": sid, "ok": True}
+
+
+def fork_session(sid: int, new_sid: int) -> dict[str, Any]:
+    parent = table.get(sid)
+    if parent is None or parent.lost:
+        return _refused(sid, (parent.lost if parent else None) or "no such session")
+    if new_sid in table:
+        return _refused(new_sid, "session id in use")
+    events_r, events_w = os.pipe()
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        _send(parent, {"type": "fork"}, [events_w, theirs.fileno()])
+    except OSError as exc:
+        os.close(events_r)
+        ours.close()
+        parent.lost = f"the session's process is gone ({exc})"
+        return _refused(sid, parent.lost)
+    finally:
+        os.close(events_w)
+        theirs.close()
+    copy = SessionProcess(0, events_r, ours)
+    forked = _wait_for(copy, "forked")
+    if forked is None or not isinstance(forked.get("pid"), int):
+        copy.close()
+        return _refused(new_sid, "the fork did not start (out of memory or processes?)")
+    copy.pid = forked["pid"]
+    table[new_sid] = copy
+    return {"type": "session", "sid": new_sid, "ok": True}
+
+
+def close_session(sid: int) -> None:
+    process = table.pop(sid, None)
+    if process is None:
+        return
+    process.close()  # its request socket closes: it leaves its loop
+    sv.signal_call(process.pid, signal.SIGKILL)
+    _collect(process.pid)
+
+
+def _send(process: SessionProcess, message: dict[str, Any], fds: list[int]) -> None:
+    frame = wire.encode_frame(message)
+    process.request.sendmsg(
+        [frame[: wire.FRAME_HEADER.size]],
+        [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))],
+    )
+    process.request.sendall(frame[wire.FRAME_HEADER.size :])
+
+
+def _wait_for(process: SessionProcess, kind: str) -> dict[str, Any] | None:
+    """The first event of ``kind`` within START_BUDGET (None: the process ended or stalled)."""
+    give_up = time.monotonic() + START_BUDGET
+    while time.monotonic() < give_up:
+        ready, _, _ = select.select([process.events_r], [], [], LIVENESS_TICK)
+        if not ready:
+            continue
+        try:
+            data = os.read(process.events_r, sv.CHUNK)
+        except BlockingIOError:
+            continue
+        except OSError:
+            return None
+        if not data:
+            return None
+        try:
+            for event in process.events.feed(data):
+                if event.get("type") == kind:
+                    return event
+        except wire.WireError:
+            return None
+    return None
+
+
+def _collect(pid: int, wait: float = 0.5) -> int | None:
+    """The wait status of a session process that ended, if known within ``wait`` seconds.
+
+    A fork is PID 1's child (``waitpid`` here); the first session of a family is the
+    zygote's, whose report may trail the process's end by a moment.
+    """
+    give_up = time.monotonic() + wait
+    while True:
+        sv.take_exit_messages()
+        if pid in sv.exits:
+            return sv.exits.pop(pid)
+        try:
+            reaped, status = os.waitpid(pid, os.WNOHANG)
+            if reaped:
+                return status
+        except ChildProcessError:
+            pass
+        if time.monotonic() > give_up:
+            return None
+        time.sleep(0.005)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            state = handle.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def run_cell(sid: int, request: dict[str, Any]) -> dict[str, Any]:
+    process = table.get(sid)
+    result: dict[str, Any] = {
+        "type": "result",
+        "sid": sid,
+        "returncode": None,
+        "timed_out": False,
+        "oom": False,
+        "stdout": "",
+        "stdout_dropped": 0,
+        "stderr": "",
+        "stderr_dropped": 0,
+        "cells": [],
+        "lost": None,
+    }
+    if process is None or process.lost:
+        result["lost"] = process.lost if process else "no such session"
+        return result
+    timeout = float(request["timeout"])
+    cap = int(request.get("read_cap", 16384))
+    started = time.monotonic()
+    deadline = started + timeout
+    oom_before = sv.oom_kills()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    try:
+        _send(process, {"type": "cell", "code": str(request.get("code", ""))}, [out_w, err_w])
+    except OSError as exc:
+        process.lost = f"the session's process is gone ({exc})"
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+    tails = {out_r: sv.Tail(cap), err_r: sv.Tail(cap)}
+    open_pipes = {out_r, err_r}
+    poller = select.poll()
+    for fd in (out_r, err_r, process.events_r):
+        os.set_blocking(fd, False)
+        poller.register(fd, select.POLLIN)
+    cell: dict[str, Any] | None = None
+    interrupted = False
+    cell_timed_out = False
+    while cell is None and process.lost is None:
+        now = time.monotonic()
+        if now >= deadline:
+            if interrupted:
+                sv.signal_call(process.pid, signal.SIGKILL)
+                process.lost = (
+                    f"the cell did not stop within {sv.INTERRUPT_GRACE:.0f} s of its "
+                    f"{timeout:g} s timeout, so the session was killed"
+                )
+                break
+            cell_timed_out = interrupted = True
+            sv.signal_call(process.pid, signal.SIGINT)
+            deadline = now + sv.INTERRUPT_GRACE
+        wait = min(deadline - now, LIVENESS_TICK)
+        for fd, _event in poller.poll(max(1, int(wait * 1000))):
+            if fd == process.events_r:
+                try:
+                    data = os.read(fd, sv.CHUNK)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""
+                if not data:
+                    poller.unregister(fd)
+                    continue
+                try:
+                    for event in process.events.feed(data):
+                        if event.get("type") == "cell_end":
+                            cell = event
+                except wire.WireError:
+                    process.lost = "the session's process broke its event stream"
+            elif fd in open_pipes:
+                sv.pump(fd, tails, open_pipes, poller)
+        if cell is None and process.lost is None and not _alive(process.pid):
+            process.lost = "the session's process ended"
+    for fd in list(open_pipes):
+        sv.drain_pipe(fd, tails, open_pipes, poller, close=True)
+    oom_after = sv.oom_kills()
+    status = None
+    if process.lost is not None:
+        status = _collect(process.pid)
+        oom = oom_before is not None and oom_after is not None and oom_after > oom_before
+        if oom:
+            process.lost = "the session ran out of memory and was killed"
+        result["oom"] = oom
+        if status is not None:
+            result["returncode"] = sv.decode_status(status)
+            if os.WIFEXITED(status):
+                process.lost = f"the session's interpreter exited (status {os.WEXITSTATUS(status)})"
+        result["lost"] = process.lost
+        table.pop(sid, None)
+        process.close()
+    else:
+        error = sv._errors((cell or {}).get("error"))
+        result["returncode"] = 1 if error else 0
+        result["cells"] = [
+            {
+                "display": sv._display((cell or {}).get("display")),
+                "error": error,
+                "finished": True,
+                "timed_out": cell_timed_out,
+            }
+        ]
+    result["timed_out"] = cell_timed_out or (process.lost is not None and interrupted)
+    out, err = tails[out_r], tails[err_r]
+    result.update(
+        stdout=out.text(),
+        stdout_dropped=out.dropped,
+        stderr=err.text(),
+        stderr_dropped=err.dropped,
+        duration=time.monotonic() - started,
+        started=True,
+    )
+    return result

@@ -1,0 +1,248 @@
+"""Docker sessions: a session family (a session and its forks) owns one container.
+
+Opening a session takes a warm container out of the pool (the pool starts a
+replacement), asks its agent to start a session interpreter, and keeps the
+container for the family's lifetime. ``fork()`` forks the interpreter inside
+the same container: copy-on-write takes milliseconds, and an interpreter's
+state (objects, open files, imported C extensions) cannot be moved to another
+container at all. The cost is that the family shares the container's memory
+and process limits, and its cells run one at a time (one frame stream). When
+the last session of a family closes, the container is destroyed; a family
+whose container fails loses every session in it, explicitly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import itertools
+import logging
+import secrets
+import time
+from typing import TYPE_CHECKING, Any
+
+from retool_exec._errors import SessionLostError
+from retool_exec._models import CellResult, ExecResult, Outcome, classify_exit
+from retool_exec._output import finish_stream, read_cap_bytes
+from retool_exec.backends.base import SessionHandle
+from retool_exec.backends.docker.containers import SandboxContainer
+from retool_exec.backends.docker.protocol import ProtocolError
+
+if TYPE_CHECKING:
+    from retool_exec.backends.docker.backend import DockerBackend
+
+__all__ = ["DockerSession", "SessionFamily"]
+
+log = logging.getLogger(__name__)
+
+START_BUDGET = 10.0
+"""Seconds the host waits for a session (or a fork) to start: the agent's 5 s, and margin."""
+INTERRUPT_GRACE = 1.0
+"""The agent's grace between KeyboardInterrupt and killing a cell's session."""
+
+
+class SessionFamily:
+    """One container and the sessions that live in it."""
+
+    def __init__(self, backend: DockerBackend, container: SandboxContainer) -> None:
+        self.backend = backend
+        self.container = container
+        self.sessions: set[int] = set()
+        self.lost: str | None = None
+        self._lock = asyncio.Lock()
+        self._sids = itertools.count(1)
+
+    def new_sid(self) -> int:
+        return next(self._sids)
+
+    async def request(
+        self, frame: dict[str, Any], reply_type: str, timeout: float
+    ) -> dict[str, Any]:
+        """Send one authenticated frame and wait for its answer; a failure loses the family."""
+        async with self._lock:
+            if self.lost is not None:
+                raise SessionLostError(f"this session is gone: {self.lost}")
+            container = self.container
+            container.next_id += 1
+            call_id = container.next_id
+            container.nonce = secrets.token_hex(16)
+            try:
+                await container.channel.send({**frame, "id": call_id, "nonce": container.nonce})
+                deadline = time.monotonic() + timeout
+                while True:
+                    reply = await asyncio.wait_for(
+                        container.channel.receive(), max(0.0, deadline - time.monotonic())
+                    )
+                    authentic = reply.get("id") == call_id and hmac.compare_digest(
+                        str(reply.get("nonce")), container.nonce
+                    )
+                    if authentic and reply.get("type") == reply_type:
+                        return reply
+                    if authentic and reply.get("type") == "error":
+                        raise ProtocolError(f"the agent failed: {str(reply.get('reason'))[:300]}")
+                    raise ProtocolError(f"unexpected frame from the agent: {reply.get('type')!r}")
+            except (TimeoutError, ProtocolError) as exc:
+                oom = await self.backend.container_oom_killed(container)
+                self.lost = (
+                    "the session's container ran out of memory and was killed"
+                    if oom
+                    else f"the session's container failed: {exc or type(exc).__name__}"
+                )
+                await self.backend.destroy_session_container(container)
+                raise
+
+    async def close_session(self, sid: int) -> None:
+        self.sessions.discard(sid)
+        if self.lost is None:
+            with contextlib.suppress(TimeoutError, ProtocolError, SessionLostError):
+                await self.request({"type": "session_close", "sid": sid}, "session", 10.0)
+        if not self.sessions and self.lost is None:
+            self.lost = "the session family ended"
+            await self.backend.destroy_session_container(self.container)
+
+
+class DockerSession(SessionHandle):
+    """One interpreter of a family (see the module docstring)."""
+
+    def __init__(self, family: SessionFamily, sid: int, *, name: str) -> None:
+        self.family = family
+        self.sid = sid
+        self.name = name
+        family.sessions.add(sid)
+
+    @classmethod
+    async def open(
+        cls, backend: DockerBackend, container: SandboxContainer, memory_mb: int | None
+    ) -> DockerSession:
+        family = SessionFamily(backend, container)
+        sid = family.new_sid()
+        frame: dict[str, Any] = {"type": "session_open", "sid": sid}
+        if memory_mb is not None:
+            frame["memory_mb"] = min(memory_mb, backend.config.memory_mb)
+        try:
+            reply = await family.request(frame, "session", START_BUDGET)
+        except (TimeoutError, ProtocolError) as exc:
+            raise SessionLostError(f"the session could not start: {family.lost or exc}") from exc
+        if not reply.get("ok"):
+            await backend.destroy_session_container(container)
+            raise SessionLostError(f"the session could not start: {reply.get('reason')}")
+        return cls(family, sid, name=backend.name)
+
+    @property
+    def lost(self) -> str | None:
+        if self.sid in self.family.sessions:
+            return self.family.lost
+        return self._lost or self.family.lost or "the session was closed"
+
+    @lost.setter
+    def lost(self, reason: str | None) -> None:
+        self._lost = reason
+
+    _lost: str | None = None
+
+    async def run(self, code: str, timeout: float) -> ExecResult:
+        started = time.perf_counter()
+        if self.lost is not None:
+            raise SessionLostError(f"this session is gone: {self.lost}")
+        config = self.family.backend.config
+        frame = {
+            "type": "session_cell",
+            "sid": self.sid,
+            "code": code,
+            "timeout": timeout,
+            "read_cap": read_cap_bytes(config.max_output_chars),
+        }
+        try:
+            reply = await self.family.request(
+                frame, "result", timeout + INTERRUPT_GRACE + config.host_grace
+            )
+        except (TimeoutError, ProtocolError) as exc:
+            self.family.sessions.discard(self.sid)
+            lost = self.family.lost or str(exc)
+            if "out of memory" in lost:
+                return self._oom(started, lost)
+            return ExecResult.sandbox_failure(
+                f"session lost: {lost}", backend=self.name, latency=time.perf_counter() - started
+            )
+        return self._result(reply, started)
+
+    def _result(self, reply: dict[str, Any], started: float) -> ExecResult:
+        limit = self.family.backend.config.max_output_chars
+        stdout, stdout_dropped = finish_stream(
+            str(reply.get("stdout", "")), int(reply.get("stdout_dropped", 0)), limit
+        )
+        stderr, stderr_dropped = finish_stream(
+            str(reply.get("stderr", "")), int(reply.get("stderr_dropped", 0)), limit
+        )
+        lost = reply.get("lost")
+        timed_out = bool(reply.get("timed_out"))
+        raw = reply.get("returncode")
+        returncode = None if timed_out or raw is None else int(raw)
+        oom = bool(reply.get("oom"))
+        if lost:
+            self.family.sessions.discard(self.sid)
+            self._lost = str(lost)
+            if returncode is None and not timed_out and not oom:
+                returncode = -9  # ended by a signal the agent could not attribute
+        outcome = classify_exit(returncode, timed_out=timed_out, oom=oom)
+        cells = [
+            CellResult(
+                stdout=stdout,
+                stderr=stderr,
+                stdout_dropped_chars=stdout_dropped,
+                stderr_dropped_chars=stderr_dropped,
+                display=cell.get("display") or [],
+                error=cell.get("error") or [],
+                finished=bool(cell.get("finished")),
+                timed_out=bool(cell.get("timed_out")),
+            )
+            for cell in reply.get("cells") or []
+        ]
+        return ExecResult(
+            ok=outcome is Outcome.SUCCESS,
+            stdout=stdout,
+            stderr=stderr,
+            returncode=returncode,
+            timed_out=timed_out,
+            latency=time.perf_counter() - started,
+            outcome=outcome,
+            stdout_dropped_chars=stdout_dropped,
+            stderr_dropped_chars=stderr_dropped,
+            backend=self.name,
+            detail=f"session lost: {lost}" if lost else "",
+            cells=cells,
+        )
+
+    def _oom(self, started: float, lost: str) -> ExecResult:
+        return ExecResult(
+            ok=False,
+            stdout="",
+            stderr="",
+            returncode=-9,
+            timed_out=False,
+            latency=time.perf_counter() - started,
+            outcome=Outcome.OOM,
+            backend=self.name,
+            detail=f"session lost: {lost}",
+        )
+
+    async def fork(self) -> DockerSession:
+        if self.lost is not None:
+            raise SessionLostError(f"this session is gone: {self.lost}")
+        new_sid = self.family.new_sid()
+        try:
+            reply = await self.family.request(
+                {"type": "session_fork", "sid": self.sid, "new_sid": new_sid},
+                "session",
+                START_BUDGET,
+            )
+        except (TimeoutError, ProtocolError) as exc:
+            raise SessionLostError(f"this session is gone: {self.family.lost or exc}") from exc
+        if not reply.get("ok"):
+            raise SessionLostError(f"the fork failed: {reply.get('reason')}")
+        return DockerSession(self.family, new_sid, name=self.name)
+
+    async def close(self) -> None:
+        if self.sid in self.family.sessions:
+            await self.family.close_session(self.sid)
