@@ -80,6 +80,11 @@ def handle(request: dict[str, Any], nonce: object) -> dict[str, Any]:
     return {**reply, "type": "error", "reason": f"unknown session frame {kind!r}"}
 
 
+def workdir(sid: int) -> str:
+    """Each session's own working directory: a fork gets a copy of its parent's files there."""
+    return f"{wire.WORKDIR}/session-{sid}"
+
+
 def _refused(sid: int, reason: str) -> dict[str, Any]:
     return {"type": "session", "sid": sid, "ok": False, "reason": reason}
 
@@ -95,6 +100,7 @@ def open_session(sid: int, request: dict[str, Any]) -> dict[str, Any]:
         "cpu_seconds": request.get("cpu_seconds", 24 * 3600),
         "memory_mb": request.get("memory_mb"),
         "stdin": None,
+        "workdir": workdir(sid),
     }
     try:
         child.request.sendall(wire.encode_frame(to_child))
@@ -122,7 +128,7 @@ def fork_session(sid: int, new_sid: int) -> dict[str, Any]:
     events_r, events_w = os.pipe()
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        _send(parent, {"type": "fork"}, [events_w, theirs.fileno()])
+        _send(parent, {"type": "fork", "workdir": workdir(new_sid)}, [events_w, theirs.fileno()])
     except OSError as exc:
         os.close(events_r)
         ours.close()

@@ -259,6 +259,10 @@ def child_main(events_w: int, request_r: int, out_w: int, err_w: int) -> None:
         # sandbox's failure, after it the code's (the code cannot take this event back).
         _send_event({"type": "started"})
         if request.get("session"):
+            _enter_workdir(str(request.get("workdir") or wire.WORKDIR), copy_from=None)
+            # Sessions of a family share a uid: non-dumpable, a sibling (a fork) can neither
+            # trace this one nor read its memory through /proc.
+            identity._libc.prctl(identity.PR_SET_DUMPABLE, 0, 0, 0, 0)
             status = run_session(request_sock)
         elif request.get("cells"):
             status = run_cells(request_sock, int(request["cells"]))
@@ -452,10 +456,28 @@ def run_session(request_sock: socket.socket) -> int:
             index += 1
         elif kind == "fork" and len(fds) == 2:
             if _fork_session(*fds):
+                try:  # the copy's files are its own: a copy of the directory, in a new one
+                    _enter_workdir(str(message.get("workdir")), copy_from=os.getcwd())
+                except (OSError, ValueError) as exc:
+                    _send_event({"type": "fork_failed", "reason": str(exc)[:300]})
+                    os._exit(70)
                 _send_event({"type": "forked", "pid": os.getpid()})
         else:
             for fd in fds:
                 os.close(fd)
+
+
+def _enter_workdir(path: str, copy_from: str | None) -> None:
+    """Make ``path`` this session's working directory (a copy of ``copy_from``'s files)."""
+    if not path.startswith(wire.WORKDIR + "/") or ".." in path.split("/"):
+        raise ValueError(f"bad session directory {path!r}")
+    if copy_from is None:
+        os.mkdir(path, 0o700)
+    else:
+        import shutil
+
+        shutil.copytree(copy_from, path, symlinks=True)  # links are copied, never followed
+    os.chdir(path)
 
 
 def _fork_session(events_w: int, request_fd: int) -> bool:
