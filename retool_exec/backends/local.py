@@ -345,7 +345,7 @@ class LocalSubprocessBackend(Backend):
                 except OSError as exc:
                     return _failure(f"could not start {self.config.python!r}: {exc}", started)
             host.setblocking(False)
-            notebook = _Notebook(loop, transport, capture, host, limit)
+            notebook = _Notebook(loop, transport.get_pid(), capture.exited, host, limit)
             deadline = loop.time() + request.timeout
             try:
                 await notebook.run(request.cells, _cell_limit(request.cell_timeout), deadline)
@@ -428,19 +428,24 @@ async def _end(transport: asyncio.SubprocessTransport, capture: _Capture) -> Non
 
 
 class _Notebook:
-    """The host's side of one notebook call: hands over cells, times them, reads their output."""
+    """The host's side of a cell driver: hands over cells, times them, reads their output.
+
+    One notebook call uses it for all its cells; a session, for one cell at a
+    time. ``pid`` leads the process group killed when a cell must end, and
+    ``exited`` is done once that process is gone.
+    """
 
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
-        transport: asyncio.SubprocessTransport,
-        capture: _Capture,
+        pid: int,
+        exited: asyncio.Future[None],
         channel: socket.socket,
         limit: int,
     ) -> None:
         self._loop = loop
-        self._transport = transport
-        self._capture = capture
+        self._pid = pid
+        self._exited = exited
         self._channel = channel
         self._limit = limit
         self.cells: list[CellResult] = []
@@ -450,22 +455,26 @@ class _Notebook:
 
     async def run(self, cells: tuple[str, ...], cell_limit: float, deadline: float) -> None:
         for index, source in enumerate(cells):
-            if self._capture.exited.done() or self._loop.time() >= deadline:
-                if not self._capture.exited.done():
+            if self._exited.done() or self._loop.time() >= deadline:
+                if not self._exited.done():
                     self.timed_out = True
                     self._kill()
                 return
-            cell = await self._run_one(index, source, cell_limit, deadline)
+            cell = await self.run_cell(index, source, cell_limit, deadline)
             if cell is None:
                 return
             self.cells.append(cell)
             if not cell.finished:
                 return
 
-    async def _run_one(
-        self, index: int, source: str, cell_limit: float, deadline: float
+    async def run_cell(
+        self, tag: int, source: str, cell_limit: float, deadline: float
     ) -> CellResult | None:
-        """One cell's result, or None when it could not be handed over (the process is gone)."""
+        """One cell's result, or None when it could not be handed over (the process is gone).
+
+        ``tag`` is the header's first word: the cell's index in a notebook, the
+        command (``_CMD_CELL``) for a session, whose driver numbers its cells itself.
+        """
         out = _PipeTail(self._loop, self._limit)
         try:
             err = _PipeTail(self._loop, self._limit)
@@ -474,7 +483,7 @@ class _Notebook:
             raise
         try:
             payload = source.encode("utf-8", "surrogatepass")
-            header = index.to_bytes(4, "big") + len(payload).to_bytes(4, "big")
+            header = tag.to_bytes(4, "big") + len(payload).to_bytes(4, "big")
             try:
                 socket.send_fds(self._channel, [header], [out.write_fd, err.write_fd])
             except OSError:
@@ -503,7 +512,7 @@ class _Notebook:
     ) -> tuple[dict[str, Any] | None, bool]:
         """Send the cell's source and wait for its answer: (the answer or None, timed out)."""
         exchange = asyncio.ensure_future(self._send_and_read(payload))
-        exited = self._capture.exited
+        exited = self._exited
         cell_deadline = self._loop.time() + cell_limit
         interrupted_at: float | None = None
         try:
@@ -515,7 +524,7 @@ class _Notebook:
                     return None, interrupted_at is not None
                 if interrupted_at is None and now >= cell_deadline:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.kill(self._transport.get_pid(), signal.SIGINT)
+                        os.kill(self._pid, signal.SIGINT)
                     interrupted_at = now
                 if interrupted_at is not None and now >= interrupted_at + _INTERRUPT_GRACE:
                     self.timed_out = True
@@ -544,35 +553,11 @@ class _Notebook:
                     await exchange
 
     async def _send_and_read(self, payload: bytes) -> dict[str, Any] | None:
-        try:
-            await self._loop.sock_sendall(self._channel, payload)
-            size = await self._receive(4)
-            if size is None or int.from_bytes(size, "big") > _MAX_ANSWER_BYTES:
-                return None
-            data = await self._receive(int.from_bytes(size, "big"))
-        except OSError:
-            return None
-        if data is None:
-            return None
-        try:
-            answer = json.loads(data)
-        except ValueError:
-            return None
-        return answer if isinstance(answer, dict) else None
-
-    async def _receive(self, size: int) -> bytes | None:
-        chunks: list[bytes] = []
-        while size > 0:
-            chunk = await self._loop.sock_recv(self._channel, min(size, 1 << 20))
-            if not chunk:
-                return None
-            chunks.append(chunk)
-            size -= len(chunk)
-        return b"".join(chunks)
+        return await _send_and_read(self._loop, self._channel, payload)
 
     def _kill(self) -> None:
         self.killed = True
-        _kill_group(self._transport.get_pid())
+        _kill_group(self._pid)
 
 
 class _PipeTail:
@@ -626,6 +611,41 @@ class _PipeTail:
             os.close(self._read_fd)
             self._read_fd = -1
         return self._buffer.finish(self._limit)
+
+
+async def _send_and_read(
+    loop: asyncio.AbstractEventLoop, channel: socket.socket, payload: bytes
+) -> dict[str, Any] | None:
+    """Send ``payload`` (may be empty), then read one length-prefixed JSON object (None: none)."""
+    try:
+        if payload:
+            await loop.sock_sendall(channel, payload)
+        size = await _receive(loop, channel, 4)
+        if size is None or int.from_bytes(size, "big") > _MAX_ANSWER_BYTES:
+            return None
+        data = await _receive(loop, channel, int.from_bytes(size, "big"))
+    except OSError:
+        return None
+    if data is None:
+        return None
+    try:
+        answer = json.loads(data)
+    except ValueError:
+        return None
+    return answer if isinstance(answer, dict) else None
+
+
+async def _receive(
+    loop: asyncio.AbstractEventLoop, channel: socket.socket, size: int
+) -> bytes | None:
+    chunks: list[bytes] = []
+    while size > 0:
+        chunk = await loop.sock_recv(channel, min(size, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
 
 
 def _cell_limit(cell_timeout: float | None) -> float:
