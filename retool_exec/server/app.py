@@ -34,7 +34,7 @@ from retool_exec._models import ExecResult, Outcome
 from retool_exec._sandbox import Sandbox
 from retool_exec.backends.base import Backend
 from retool_exec.backends.config import BackendConfigBase
-from retool_exec.backends.registry import _config_class
+from retool_exec.backends.registry import backend_config
 from retool_exec.server.admission import ClientGone, Overloaded
 from retool_exec.server.files import RequestRejected
 from retool_exec.server.guards import BodyLimitMiddleware, TokenMiddleware
@@ -117,7 +117,7 @@ def _sandbox_for(
     workers = settings.max_concurrency  # None: as many as the backend runs at once
     if isinstance(spec, Backend):
         return Sandbox(spec, max_workers=workers), True
-    config = _config_class(spec)() if isinstance(spec, str) else spec
+    config = backend_config(spec) if isinstance(spec, str) else spec
     if config.max_output_chars < settings.sandbox_output_chars:
         config = config.model_copy(update={"max_output_chars": settings.sandbox_output_chars})
     return Sandbox(config, max_workers=workers), True
