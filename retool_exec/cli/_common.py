@@ -61,15 +61,14 @@ EXIT_PIPE = 141
 EXIT_STATUS_HELP = f"""\
 Exit status, the same for every command when retool_exec itself stops it
 (always with one line on stderr): {EXIT_USAGE} usage or configuration error;
-{EXIT_UNAVAILABLE} the backend cannot start (Docker unreachable, sandbox image
-missing, unknown runtime, port in use); {EXIT_SOFTWARE} retool_exec failed;
-{EXIT_INTERRUPTED} interrupted; {EXIT_PIPE} the output pipe was closed. Each
-command's own statuses are in its --help."""
+{EXIT_UNAVAILABLE} the backend cannot start (Docker unreachable, sandbox image missing,
+unknown runtime, port in use); {EXIT_SOFTWARE} retool_exec failed; {EXIT_INTERRUPTED} interrupted;
+{EXIT_PIPE} the output pipe was closed. Each command's own statuses are in its --help."""
 
 SETTINGS_HELP = """\
 Settings: --config FILE (TOML or JSON: a table of backend settings) and
 --set KEY=VALUE (repeatable; VALUE is JSON if it parses, else a string) set
-any field of the backend's config (see `retool-exec run --help` for the list);
+any field of the backend's config (a mistyped KEY's error lists them all);
 later layers win: the name's preset < the command's defaults < --config <
 --set < the command's own flags."""
 
