@@ -390,7 +390,7 @@ async def audit_backend(
     started = time.perf_counter()
     run = BackendRun(backend=backend)
     config = config or audit_config(backend, run_id=host.run_id, timeout=timeout)
-    sandbox = Sandbox(config, timeout=timeout, max_workers=8)
+    sandbox = Sandbox(config, timeout=timeout)  # as many calls at once as the pool runs
     try:
         await sandbox.astart()
     except RetoolExecError as exc:

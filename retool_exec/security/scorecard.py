@@ -12,7 +12,7 @@ import collections
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from retool_exec.cli._terminal import escape_controls
+from retool_exec._text import escape_controls
 from retool_exec.security.model import Case, CaseClass, CaseReport, Status
 from retool_exec.security.runner import AuditRun, BackendRun
 

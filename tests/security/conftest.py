@@ -44,7 +44,7 @@ def security_sandboxes() -> Iterator[dict[str, Sandbox]]:
 def _security_sandbox(backend_id: str, sandboxes: dict[str, Sandbox]) -> Sandbox:
     if backend_id not in sandboxes:
         config = with_audit_limits(backend_config(backend_id, timeout=DEFAULT_TIMEOUT))
-        sandbox = Sandbox(config, timeout=DEFAULT_TIMEOUT, max_workers=8)
+        sandbox = Sandbox(config, timeout=DEFAULT_TIMEOUT)
         sandboxes[backend_id] = sandbox
         sandbox.start()
     return sandboxes[backend_id]

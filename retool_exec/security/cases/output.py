@@ -13,7 +13,7 @@ import re
 
 from retool_exec._formatting import DEFAULT_MARKERS, MAX_OUTPUT_CHARS, format_tool_content
 from retool_exec._models import ExecResult, Outcome
-from retool_exec.cli._terminal import escape_controls
+from retool_exec._text import escape_controls
 from retool_exec.security.model import Case, CaseClass, Expect, Observation, Severity
 from retool_exec.security.snippets import code, late_enough, on_time
 
