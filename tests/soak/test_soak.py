@@ -49,6 +49,8 @@ class Kind:
     code: Callable[[int], str]
     benign: bool
     stdin: Callable[[int], str] | None = None
+    timeout: float | None = None
+    """The call's own limit; None: the sandbox's ``TIMEOUT``."""
 
 
 def expected(index: int) -> str:
@@ -90,6 +92,7 @@ HOSTILE = [
             "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
         ),
         benign=False,
+        timeout=3.0,  # longer: a fork bomb that lasts starves the container's agent most
     ),
     Kind(
         "output-flood",
@@ -149,7 +152,8 @@ async def run_soak(sandbox: Sandbox) -> list[Record]:
             stdin = kind.stdin(index) if kind.stdin else None
             try:
                 result = await asyncio.wait_for(
-                    sandbox.arun_code(kind.code(index), stdin=stdin), CALL_DEADLINE
+                    sandbox.arun_code(kind.code(index), stdin=stdin, timeout=kind.timeout),
+                    CALL_DEADLINE,
                 )
             except Exception as exc:  # a lost call: recorded, never raised
                 return Record(index, kind, None, f"{type(exc).__name__}: {exc}")
