@@ -12,14 +12,11 @@ import retool_exec
 
 PACKAGE = Path(retool_exec.__file__).parent
 
-PENDING_CLI_IMPORTS = {
-    "security/cases/output.py",
-    "security/scorecard.py",
-}
+PENDING_CLI_IMPORTS: set[str] = set()
 """Modules (owned elsewhere) that still import ``escape_controls`` from ``retool_exec.cli``;
 it now lives in ``retool_exec._text``. This set may only shrink."""
 
-PENDING_PRIVATE_REGISTRY = {"server/app.py"}
+PENDING_PRIVATE_REGISTRY: set[str] = set()
 """Modules that still import ``_config_class`` (use ``backend_config``). May only shrink."""
 
 
