@@ -60,10 +60,11 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import IO, Any
 
+from retool_exec._errors import SessionLostError
 from retool_exec._formatting import truncate_tail
-from retool_exec._models import CellResult, ExecResult, classify_exit
+from retool_exec._models import CellResult, ExecResult, Outcome, classify_exit
 from retool_exec._output import TailBuffer, read_cap_bytes
-from retool_exec.backends.base import Backend, RunRequest
+from retool_exec.backends.base import Backend, RunRequest, SessionHandle
 from retool_exec.backends.config import LocalConfig
 from retool_exec.backends.docker.agent import wire
 
@@ -217,12 +218,234 @@ _NOTEBOOK = (
     "globals().pop('_retool_notebook')({fd}, {cap})\n"
 )
 
+# Runs in a session's process (see "sessions" in the module docstring). Plain
+# source, not a template: its settings arrive in argv (the channel's descriptor
+# and the output cap). Commands arrive as an 8-byte header (command, size)
+# carrying two descriptors, then ``size`` bytes: _CMD_CELL brings the cell's
+# stdout/stderr pipes and its source; _CMD_FORK brings the copy's channel and
+# the write end of its exit-status pipe, and the copy's working directory.
+# Every command is answered with one length-prefixed JSON object. Outside a
+# cell, descriptors 1 and 2 are /dev/null, so a stray writer (a thread, a
+# child) never writes into another cell's pipes.
+_SESSION_DRIVER = r"""
+def _retool_session():
+    import ast, json, os, signal, socket, sys, traceback
+    link = [socket.socket(fileno=int(sys.argv[1]))]
+    cap = int(sys.argv[2])
+    sys.argv = ['-c']
+    main = globals()
+    home = [os.getcwd()]
+    count = [0]
+    armed = [False]
+
+    def interrupt(signum, frame):
+        if armed[0]:
+            armed[0] = False
+            raise KeyboardInterrupt
+
+    def receive(size):
+        chunks = []
+        while size > 0:
+            chunk = link[0].recv(min(size, 1 << 20))
+            if not chunk:
+                return None
+            chunks.append(chunk)
+            size -= len(chunk)
+        return b''.join(chunks)
+
+    def answer(message):
+        data = json.dumps(message).encode('ascii')
+        link[0].sendall(len(data).to_bytes(4, 'big') + data)
+
+    def to_null():
+        null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        os.close(null)
+
+    def flush():
+        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+            try:
+                stream.flush()
+            except BaseException:
+                pass
+
+    def cut(text):
+        if len(text) <= cap:
+            return text
+        kept = text[-cap:] if cap > 0 else ''
+        return f'[... truncated {len(text) - cap} chars ...]\n{kept}'
+
+    def own_frames_out(tb):
+        kept = []
+        while tb is not None:
+            if tb.tb_frame.f_code not in (run_cell.__code__, interrupt.__code__):
+                kept.append(tb)
+            tb = tb.tb_next
+        for here, after in zip(kept, kept[1:] + [None]):
+            here.tb_next = after
+        return kept[0] if kept else None
+
+    def run_cell(source):
+        count[0] += 1
+        filename = f'<cell {count[0]}>'
+        display, error = [], []
+        try:
+            try:
+                signal.signal(signal.SIGINT, interrupt)
+                armed[0] = True
+                tree = ast.parse(source, filename)
+                last = None
+                if tree.body and isinstance(tree.body[-1], ast.Expr):
+                    last = tree.body.pop()
+                exec(compile(tree, filename, 'exec'), main)
+                if last is not None:
+                    value = eval(compile(ast.Expression(last.value), filename, 'eval'), main)
+                    if value is not None:
+                        display.append({'text/plain': cut(repr(value))})
+            finally:
+                armed[0] = False
+        except BaseException as exc:
+            armed[0] = False
+            try:
+                tb = None if isinstance(exc, SyntaxError) else own_frames_out(exc.__traceback__)
+                lines = traceback.format_exception(type(exc), exc, tb)
+                evalue = str(exc)
+            except BaseException:
+                tb, lines, evalue = None, [type(exc).__name__ + '\n'], '<unprintable>'
+            error.append({'ename': type(exc).__name__, 'evalue': cut(evalue),
+                          'traceback': [cut(line) for line in lines[-200:]]})
+            try:
+                exc.__traceback__ = tb
+                sys.excepthook(type(exc), exc, tb)
+            except BaseException:
+                pass
+        return {'display': display, 'error': error}
+
+    def wait_for(copy, status):
+        # The copy's parent: report how it ended on the status pipe. Exec'd into a
+        # small interpreter so this process does not pin the snapshot's memory.
+        try:
+            if status != 3:
+                os.dup2(status, 3)
+            os.set_inheritable(3, True)
+            null = os.open(os.devnull, os.O_RDWR)
+            for target in (0, 1, 2):
+                os.dup2(null, target)
+            os.closerange(4, 1 << 16)
+            waiter = ('import os, sys\n'
+                      'try:\n'
+                      '    status = os.waitpid(int(sys.argv[1]), 0)[1]\n'
+                      'except ChildProcessError:\n'
+                      '    raise SystemExit\n'
+                      'os.write(3, status.to_bytes(4, "big"))\n')
+            os.execv(sys.executable, [sys.executable, '-I', '-S', '-B', '-c', waiter, str(copy)])
+        except BaseException:
+            pass
+        try:
+            os.write(3, os.waitpid(copy, 0)[1].to_bytes(4, 'big'))
+        finally:
+            os._exit(0)
+
+    def fork(fds, new_home):
+        # A double fork: the first child exits at once (this process reaps it), so the
+        # copy's parent is not this session; that parent (M) only waits for the copy.
+        new_link, status = fds
+        try:
+            first = os.fork()
+        except OSError as exc:
+            os.close(new_link)
+            os.close(status)
+            answer({'ok': False, 'reason': f'fork: {exc}'})
+            return
+        if first == 0:
+            try:
+                if os.fork() != 0:
+                    os._exit(0)
+                os.setsid()
+                previous = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                copy = os.fork()
+                if copy != 0:
+                    os.close(new_link)
+                    wait_for(copy, status)
+                os.setsid()
+                if previous is not None:
+                    signal.signal(signal.SIGCHLD, previous)
+                os.close(status)
+                link[0].close()
+                link[0] = socket.socket(fileno=new_link)
+                old = home[0]
+                try:
+                    here = os.getcwd()
+                except OSError:
+                    here = old
+                target = new_home
+                if here == old or here.startswith(old + os.sep):
+                    target = new_home + here[len(old):]
+                try:
+                    os.chdir(target)
+                except OSError:
+                    os.chdir(new_home)
+                home[0] = new_home
+                answer({'pid': os.getpid()})
+            except BaseException:
+                os._exit(1)
+            return
+        os.close(new_link)
+        os.close(status)
+        try:
+            ended = os.waitpid(first, 0)[1]
+        except ChildProcessError:  # SIGCHLD ignored by the code: reaped already
+            ended = 0
+        if ended == 0:
+            answer({'ok': True})
+        else:
+            answer({'ok': False, 'reason': 'fork: the intermediate process failed'})
+
+    signal.signal(signal.SIGINT, interrupt)
+    to_null()
+    answer({'pid': os.getpid()})
+    while True:
+        try:
+            header, fds, _flags, _address = socket.recv_fds(link[0], 8, 2)
+            if len(header) < 8:
+                rest = receive(8 - len(header)) if header else None
+                header = None if rest is None else header + rest
+            payload = None if header is None else receive(int.from_bytes(header[4:], 'big'))
+        except OSError:
+            return
+        if header is None or payload is None or len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            return
+        command = int.from_bytes(header[:4], 'big')
+        if command == 1:
+            flush()
+            os.dup2(fds[0], 1)
+            os.dup2(fds[1], 2)
+            os.close(fds[0])
+            os.close(fds[1])
+            result = run_cell(payload.decode('utf-8', 'surrogatepass'))
+            flush()
+            to_null()
+            answer(result)
+        elif command == 2:
+            fork(fds, os.fsdecode(payload))
+        else:
+            for fd in fds:
+                os.close(fd)
+            return
+globals().pop('_retool_session')()
+"""
+
 _PIPE_GRACE = 0.25
 """Seconds to collect output still in the pipes after the process group is gone."""
 _INTERRUPT_GRACE = 1.0
 """Seconds a cell past its ``cell_timeout`` has to stop after SIGINT before the group is killed."""
 _LAST_WORDS = 0.1
 """Seconds to wait for a cell's answer already on its way when the process is seen to end."""
+_END_SEEN = 0.5
+"""Seconds between a driver's channel closing and the process being seen to end, at most."""
 _MAX_ANSWER_BYTES = 64 * 1024 * 1024
 """Largest answer the notebook driver may send for one cell."""
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -235,6 +458,7 @@ class LocalSubprocessBackend(Backend):
 
     def __init__(self, config: LocalConfig | None = None) -> None:
         self.config = config or LocalConfig()
+        self._sessions: set[_LocalSession] = set()
 
     def _child_env(self) -> dict[str, str]:
         base = dict(os.environ) if self.config.inherit_env else {"PATH": os.defpath}
@@ -363,6 +587,63 @@ class LocalSubprocessBackend(Backend):
         returncode = None if timed_out else transport.get_returncode()
         result = self._result(capture, returncode, timed_out, started)
         return result.model_copy(update={"cells": notebook.cells})
+
+    async def open_session(self, *, memory_mb: int | None = None) -> SessionHandle:
+        """A new session: an interpreter and a working directory of its own (see above).
+
+        ``memory_mb`` is accepted and ignored: the local backend limits no memory.
+        """
+        del memory_mb
+        loop = asyncio.get_running_loop()
+        workdir = _session_workdir()
+        capture = _Capture(loop, _START_OUTPUT_BYTES)
+        try:
+            host, child = socket.socketpair()
+        except OSError as exc:
+            _remove_tree(workdir)
+            raise SessionLostError(f"the session could not start: {exc}") from exc
+        try:
+            with child:
+                transport, _ = await loop.subprocess_exec(
+                    lambda: capture,
+                    self.config.python,
+                    "-B",
+                    "-c",
+                    _SESSION_DRIVER,
+                    str(child.fileno()),
+                    str(self.config.max_output_chars),
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                    env=self._child_env(),
+                    start_new_session=True,
+                    cwd=workdir,
+                    pass_fds=(child.fileno(),),
+                )
+        except BaseException as exc:
+            host.close()
+            _remove_tree(workdir)
+            if isinstance(exc, OSError):
+                raise SessionLostError(
+                    f"the session could not start {self.config.python!r}: {exc}"
+                ) from exc
+            raise
+        host.setblocking(False)
+        session = _LocalSession(self, _SpawnedProcess(transport, capture), host, workdir)
+        try:
+            hello = await _await_message(loop, host, capture.exited)
+            if hello is None or hello.get("pid") != session.pid:
+                await asyncio.wait([capture.exited], timeout=_LAST_WORDS)
+                raise SessionLostError(f"the session could not start{_start_failure(capture)}")
+        except BaseException:
+            await session.close()
+            raise
+        return session
+
+    async def close(self) -> None:
+        """End every session still open (their processes and working directories)."""
+        for session in list(self._sessions):
+            await session.close()
 
     def _result(
         self, capture: _Capture, returncode: int | None, timed_out: bool, started: float
@@ -542,7 +823,11 @@ class _Notebook:
                 if exchange.done():
                     answer = None if exchange.cancelled() else _result_or_none(exchange)
                     if answer is None and not exited.done():
-                        self._kill()  # the driver broke the protocol: end the call
+                        # The channel ended first: a process that is ending is seen
+                        # to end in a moment; one that is not broke the protocol.
+                        await asyncio.wait({exited}, timeout=_END_SEEN)
+                        if not exited.done():
+                            self._kill()
                     return answer, interrupted_at is not None
                 if exited.done():
                     return None, interrupted_at is not None
@@ -692,6 +977,352 @@ def _bounded(text: str, limit: int) -> str:
     (a string the driver already cut, marker included, passes unchanged)."""
     text = text.encode("utf-8", "replace").decode("utf-8")
     return text if len(text) <= limit + 40 else truncate_tail(text, limit)
+
+
+# -- sessions --------------------------------------------------------------------------
+
+_CMD_CELL = 1
+_CMD_FORK = 2
+_SESSION_START = 10.0
+"""Seconds a new session or a fork has to report that it is ready."""
+_SESSION_END = 5.0
+"""Seconds to wait for a session's process to be gone after SIGKILL."""
+_START_OUTPUT_BYTES = 1 << 16
+"""Bytes of a session process's own output kept until it is ready (shown if it fails to start)."""
+
+
+class _SessionProcess:
+    """A session's interpreter as the host sees it: its pid, and when and how it ended."""
+
+    pid: int
+    exited: asyncio.Future[None]
+
+    def returncode(self) -> int | None:
+        """Its exit status (negative: killed by that signal); None while alive or unknown."""
+        raise NotImplementedError
+
+    def release(self) -> None:
+        """Let go of what watches the process (after it ended or was killed)."""
+
+
+class _SpawnedProcess(_SessionProcess):
+    """A session's first process: a child of the host, started with the driver."""
+
+    def __init__(self, transport: asyncio.SubprocessTransport, capture: _Capture) -> None:
+        self._transport = transport
+        self.capture = capture
+        self.pid = transport.get_pid()
+        self.exited = capture.exited
+
+    def returncode(self) -> int | None:
+        return self._transport.get_returncode() if self.exited.done() else None
+
+    def release(self) -> None:
+        self._transport.close()
+
+
+class _ForkedProcess(_SessionProcess):
+    """A fork's copy: not the host's child. Its parent (a small waiter) writes the copy's
+    wait status on a pipe when it ends; the pipe's end of file means the copy is gone."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, status_fd: int) -> None:
+        self._loop = loop
+        self._fd = status_fd
+        self._status = bytearray()
+        self.pid = 0  # known once the copy says hello
+        self.exited = loop.create_future()
+        os.set_blocking(status_fd, False)
+        loop.add_reader(status_fd, self._read)
+
+    def _read(self) -> None:
+        try:
+            data = os.read(self._fd, 64)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data and len(self._status) < 64:
+            self._status += data
+            return
+        self._stop()
+
+    def _stop(self) -> None:
+        if self._fd >= 0:
+            self._loop.remove_reader(self._fd)
+            os.close(self._fd)
+            self._fd = -1
+        if not self.exited.done():
+            self.exited.set_result(None)
+
+    def returncode(self) -> int | None:
+        if not self.exited.done() or len(self._status) != 4:
+            return None
+        return os.waitstatus_to_exitcode(int.from_bytes(self._status, "big"))
+
+    def release(self) -> None:
+        self._stop()
+
+
+class _LocalSession(SessionHandle):
+    """One local session: an interpreter of its own, in a working directory of its own.
+
+    NOT a security boundary (see the module docstring). ``pid`` and ``workdir`` say
+    where it lives, for tests and for the curious.
+    """
+
+    def __init__(
+        self,
+        backend: LocalSubprocessBackend,
+        process: _SessionProcess,
+        channel: socket.socket,
+        workdir: str,
+    ) -> None:
+        self._backend = backend
+        self._process = process
+        self._channel = channel
+        self.workdir = workdir
+        self.lost: str | None = None
+        self._closed = False
+        self._ended = False
+        backend._sessions.add(self)
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    def _check_usable(self) -> None:
+        if self.lost is not None:
+            raise SessionLostError(f"this session is gone: {self.lost}")
+        if self._closed:
+            raise SessionLostError("this session was closed")
+        if self._process.exited.done():
+            self.lost = self._ended_reason()
+            raise SessionLostError(f"this session is gone: {self.lost}")
+
+    def _ended_reason(self) -> str:
+        returncode = self._process.returncode()
+        if returncode is None:
+            return "the session's interpreter ended"
+        if returncode >= 0:
+            return f"the session's interpreter exited (status {returncode})"
+        return f"the session's interpreter was killed by {_signal_name(-returncode)}"
+
+    def _lose(self, reason: str) -> None:
+        """The interpreter cannot be trusted to be in step any more: kill it now."""
+        if self.lost is None:
+            self.lost = reason
+        _kill_group(self.pid)
+
+    # -- cells -------------------------------------------------------------------------
+
+    async def run(self, code: str, timeout: float) -> ExecResult:
+        self._check_usable()
+        started = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        limit = self._backend.config.max_output_chars
+        driver = _Notebook(loop, self.pid, self._process.exited, self._channel, limit)
+        try:
+            cell = await driver.run_cell(_CMD_CELL, code, _cell_limit(timeout), math.inf)
+        except BaseException:
+            # The cell may still run and answer later, out of step with the next one.
+            self._lose("a call was cancelled while its cell ran")
+            raise
+        if cell is not None and cell.finished:
+            timed_out = cell.timed_out
+            returncode = None if timed_out else (1 if cell.error else 0)
+            outcome = classify_exit(returncode, timed_out=timed_out)
+            return ExecResult(
+                ok=outcome is Outcome.SUCCESS,
+                stdout=cell.stdout,
+                stderr=cell.stderr,
+                returncode=returncode,
+                timed_out=timed_out,
+                latency=time.perf_counter() - started,
+                outcome=outcome,
+                stdout_dropped_chars=cell.stdout_dropped_chars,
+                stderr_dropped_chars=cell.stderr_dropped_chars,
+                backend=self._backend.name,
+                cells=[cell],
+            )
+        # The interpreter is gone (it ended, or was killed after its interrupt grace).
+        if not driver.killed:
+            _kill_group(self.pid)
+        await asyncio.wait([self._process.exited], timeout=_SESSION_END)
+        timed_out = driver.timed_out or (cell is not None and cell.timed_out)
+        if driver.timed_out:
+            self.lost = (
+                f"the cell did not stop within {_INTERRUPT_GRACE:g} s of its {timeout:g} s "
+                "timeout, so the session was killed"
+            )
+        elif driver.killed:
+            self.lost = "the session's interpreter broke the cell protocol and was killed"
+        else:
+            self.lost = self._ended_reason()
+        returncode = self._process.returncode()
+        if returncode is None:
+            returncode = -signal.SIGKILL  # ended by a signal that could not be attributed
+        if timed_out:
+            returncode = None
+        outcome = classify_exit(returncode, timed_out=timed_out)
+        return ExecResult(
+            ok=outcome is Outcome.SUCCESS,  # an os._exit(0) ended the session, but well
+            stdout=cell.stdout if cell else "",
+            stderr=cell.stderr if cell else "",
+            returncode=returncode,
+            timed_out=timed_out,
+            latency=time.perf_counter() - started,
+            outcome=outcome,
+            stdout_dropped_chars=cell.stdout_dropped_chars if cell else 0,
+            stderr_dropped_chars=cell.stderr_dropped_chars if cell else 0,
+            backend=self._backend.name,
+            detail=f"session lost: {self.lost}",
+        )
+
+    # -- forks -------------------------------------------------------------------------
+
+    async def fork(self) -> _LocalSession:
+        self._check_usable()
+        loop = asyncio.get_running_loop()
+        workdir = _session_workdir()
+        copying = asyncio.ensure_future(asyncio.to_thread(_copy_tree, self.workdir, workdir))
+        try:
+            await asyncio.shield(copying)
+        except BaseException as exc:
+            # A cancelled copy goes on in its thread: remove the directory once it is done.
+            copying.add_done_callback(lambda _task: _remove_tree(workdir))
+            if isinstance(exc, OSError):
+                raise SessionLostError(
+                    f"the fork failed: could not copy the working directory: {exc}"
+                ) from exc
+            raise
+        try:
+            return await self._fork_process(loop, workdir)
+        except BaseException:
+            await asyncio.to_thread(_remove_tree, workdir)
+            raise
+
+    async def _fork_process(self, loop: asyncio.AbstractEventLoop, workdir: str) -> _LocalSession:
+        ours, theirs = socket.socketpair()
+        status_r, status_w = os.pipe()
+        payload = os.fsencode(workdir)
+        header = _CMD_FORK.to_bytes(4, "big") + len(payload).to_bytes(4, "big")
+        try:
+            socket.send_fds(self._channel, [header], [theirs.fileno(), status_w])
+        except OSError as exc:
+            ours.close()
+            os.close(status_r)
+            self._lose(f"the session's interpreter is gone ({exc})")
+            raise SessionLostError(f"this session is gone: {self.lost}") from exc
+        finally:
+            theirs.close()
+            os.close(status_w)
+        copy = _ForkedProcess(loop, status_r)
+        ours.setblocking(False)
+        acknowledged = False
+        try:
+            ack = await _await_message(loop, self._channel, self._process.exited, payload)
+            acknowledged = True
+            if ack is None:
+                reason = (
+                    self._ended_reason()
+                    if self._process.exited.done()
+                    else "the session's interpreter did not answer a fork and was killed"
+                )
+                self._lose(reason)
+                raise SessionLostError(f"this session is gone: {reason}")
+            if ack.get("ok") is not True:
+                raise SessionLostError(f"the fork failed: {str(ack.get('reason'))[:300]}")
+            hello = await _await_message(loop, ours, copy.exited)
+            pid = hello.get("pid") if hello is not None else None
+            if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1:
+                raise SessionLostError("the fork failed: the copy did not start")
+            copy.pid = pid
+        except BaseException:
+            if not acknowledged:
+                self._lose("a fork was cancelled before the interpreter answered it")
+            ours.close()  # the copy, if any, reads the end of its channel and leaves
+            if copy.pid:
+                _kill_group(copy.pid)
+            await asyncio.wait([copy.exited], timeout=_SESSION_END)
+            copy.release()
+            raise
+        return _LocalSession(self._backend, copy, ours, workdir)
+
+    # -- the end -------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        self._closed = True
+        await self._end()
+
+    async def _end(self) -> None:
+        """Kill the interpreter's process group, wait until it is gone, remove its directory."""
+        if self._ended:
+            return
+        self._ended = True
+        self._backend._sessions.discard(self)
+        try:
+            if self.pid:
+                _kill_group(self.pid)
+            self._channel.close()
+            await asyncio.wait([self._process.exited], timeout=_SESSION_END)
+        finally:
+            self._process.release()
+            await asyncio.to_thread(_remove_tree, self.workdir)
+
+
+async def _await_message(
+    loop: asyncio.AbstractEventLoop,
+    channel: socket.socket,
+    exited: asyncio.Future[None],
+    payload: bytes = b"",
+) -> dict[str, Any] | None:
+    """One JSON answer on ``channel`` within ``_SESSION_START`` (None: none came, or the
+    process ended first)."""
+    exchange = asyncio.ensure_future(_send_and_read(loop, channel, payload))
+    try:
+        waiting: set[asyncio.Future[Any]] = {exchange, exited}
+        await asyncio.wait(waiting, timeout=_SESSION_START, return_when=asyncio.FIRST_COMPLETED)
+        if exited.done() and not exchange.done():
+            await asyncio.wait({exchange}, timeout=_LAST_WORDS)
+        return _result_or_none(exchange) if exchange.done() and not exchange.cancelled() else None
+    finally:
+        if not exchange.done():
+            exchange.cancel()
+            with contextlib.suppress(asyncio.CancelledError, OSError):
+                await exchange
+
+
+def _session_workdir() -> str:
+    """A new, empty working directory for a session (its real path: the driver compares
+    it with ``os.getcwd()``)."""
+    return os.path.realpath(tempfile.mkdtemp(prefix="retool-exec-session-"))
+
+
+def _copy_tree(source: str, target: str) -> None:
+    """Copy a session's working directory for a fork: links copied as links, never followed;
+    named pipes made anew; sockets left out (a socket cannot be copied)."""
+
+    def copy(src: str, dst: str) -> None:
+        mode = os.lstat(src).st_mode
+        if stat.S_ISFIFO(mode):
+            os.mkfifo(dst, stat.S_IMODE(mode))
+        elif not stat.S_ISSOCK(mode):
+            shutil.copy2(src, dst, follow_symlinks=False)
+
+    shutil.copytree(source, target, symlinks=True, copy_function=copy, dirs_exist_ok=True)
+
+
+def _start_failure(capture: _Capture) -> str:
+    """What a session process that did not start said, for the error message."""
+    said, _dropped = capture.stderr.finish(2000)
+    return f"; its interpreter said:\n{said}" if said.strip() else ""
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 # -- stdin and files -------------------------------------------------------------------

@@ -1,0 +1,580 @@
+"""Stateful sessions: the behaviour every backend with sessions must share, run for real.
+
+One test class, parametrized over local, docker-fresh, docker-reuse and
+docker+runsc through the ``sandbox`` fixture (see conftest.py), pins the
+semantics of ``Sandbox.session()`` (docs/sessions.md): state persists between
+cells; a result holds its own cell's output; an exception (``SystemExit``
+too) is that cell's error and the interpreter lives on; a final expression
+is displayed, not printed; a cell past its timeout is interrupted and the
+session keeps its state, or is killed a second later and lost; the process
+ending ends the session; ``fork()`` copies variables and files, and the
+copies never meet again; ``close``, ``max_sessions`` and ``session_ttl``.
+
+A second class checks what only the local backend can show from the host:
+each session's processes and working directory are gone after ``close()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from retool_exec import (
+    DockerConfig,
+    ExecResult,
+    LocalConfig,
+    Outcome,
+    Sandbox,
+    Session,
+    SessionLimitError,
+    SessionLostError,
+)
+from retool_exec.backends.local import LocalSubprocessBackend
+from tests.conftest import backend_config
+
+INTERRUPT_GRACE = 1.0
+"""Seconds a cell past its timeout has after the KeyboardInterrupt before the session is killed."""
+SLACK = 3.0
+"""Seconds of scheduling slack allowed on a loaded two-core machine."""
+
+
+def shown(result: ExecResult) -> str | None:
+    """The ``text/plain`` of the cell's displayed value (None: nothing displayed)."""
+    assert len(result.cells) == 1, result
+    display = result.cells[0].display
+    return display[0]["text/plain"] if display else None
+
+
+def value(session: Session, expression: str) -> Any:
+    """Evaluate ``expression`` in the session (its repr must be a Python literal)."""
+    import ast
+
+    result = session.run_code(expression)
+    assert result.outcome is Outcome.SUCCESS, result
+    text = shown(result)
+    assert text is not None, result
+    return ast.literal_eval(text)
+
+
+@contextlib.contextmanager
+def own_sandbox(backend_id: str, **options: Any) -> Iterator[Sandbox]:
+    """A Sandbox of its own (for settings the shared one must not change), closed after."""
+    config = backend_config(backend_id)
+    if isinstance(config, DockerConfig):
+        config = config.model_copy(update={"pool_size": 1})
+    sandbox = Sandbox(config, **options)
+    try:
+        yield sandbox
+    finally:
+        sandbox.close()
+
+
+class TestSessionContract:
+    # -- state between cells -------------------------------------------------------------
+
+    def test_globals_modules_and_files_persist_between_cells(self, sandbox: Sandbox) -> None:
+        with sandbox.session() as session:
+            first = session.run_code(
+                "import json\n"
+                "x = 41\n"
+                "def twice(n):\n"
+                "    return 2 * n\n"
+                "json.marker = 'kept'\n"
+                "with open('notes.txt', 'w') as handle:\n"
+                "    handle.write('hello')\n"
+            )
+            assert first.outcome is Outcome.SUCCESS, first
+            second = session.run_code(
+                "import sys\n"
+                "print(x + 1, twice(4), sys.modules['json'].marker, open('notes.txt').read())"
+            )
+            assert (second.outcome, second.stdout) == (Outcome.SUCCESS, "42 8 kept hello\n")
+
+    def test_sessions_do_not_share_state(self, sandbox: Sandbox) -> None:
+        with sandbox.session() as one, sandbox.session() as two:
+            one.run_code("secret = 1\nopen('mine.txt', 'w').write('one')")
+            result = two.run_code(
+                "import os\nprint('secret' in globals(), os.path.exists('mine.txt'))"
+            )
+            assert result.stdout == "False False\n", result
+
+    def test_a_result_holds_only_its_own_cells_output(self, sandbox: Sandbox) -> None:
+        with sandbox.session() as session:
+            session.run_code(
+                "import os, sys\n"
+                "print('first out')\n"
+                "print('first err', file=sys.stderr)\n"
+                "os.write(1, b'raw first\\n')"
+            )
+            result = session.run_code(
+                "import subprocess\n"
+                "print('second', flush=True)\n"
+                "subprocess.run([sys.executable, '-c', 'print(\"child\")'])\n"
+                "os.write(2, b'raw err\\n')"
+            )
+            assert (result.stdout, result.stderr) == ("second\nchild\n", "raw err\n"), result
+            [cell] = result.cells
+            assert (cell.stdout, cell.stderr, cell.finished) == (result.stdout, result.stderr, True)
+            quiet = session.run_code("y = 1")
+            assert (quiet.ok, quiet.stdout, quiet.stderr) == (True, "", ""), quiet
+
+    def test_a_cells_output_is_capped_to_its_tail(self, sandbox: Sandbox) -> None:
+        limit = backend_config("local").max_output_chars
+        with sandbox.session() as session:
+            result = session.run_code(f"print('x' * {3 * limit} + 'END')")
+            assert result.ok, result
+            assert result.truncated and result.stdout_dropped_chars > 0
+            assert result.stdout.endswith("END\n")
+            assert len(result.stdout) < 2 * limit
+
+    # -- errors --------------------------------------------------------------------------
+
+    def test_an_exception_is_the_cells_error_and_the_session_lives_on(
+        self, sandbox: Sandbox
+    ) -> None:
+        with sandbox.session() as session:
+            session.run_code("kept = 'still here'")
+            session.run_code("pass")
+            result = session.run_code("print('before')\nraise ValueError('boom')")
+            assert (result.ok, result.outcome, result.returncode) == (False, Outcome.ERROR, 1)
+            assert not result.timed_out
+            assert result.stdout == "before\n"
+            assert 'File "<cell 3>", line 2' in result.stderr, result.stderr
+            assert result.stderr.rstrip().endswith("ValueError: boom"), result.stderr
+            [error] = result.cells[0].error
+            assert (error["ename"], error["evalue"]) == ("ValueError", "boom")
+            assert result.detail == ""
+            assert value(session, "kept") == "still here"
+
+    def test_a_syntax_error_is_the_cells_error(self, sandbox: Sandbox) -> None:
+        with sandbox.session() as session:
+            result = session.run_code("x = (")
+            assert (result.outcome, result.returncode) == (Outcome.ERROR, 1), result
+            assert "SyntaxError" in result.stderr
+            assert result.cells[0].error[0]["ename"] == "SyntaxError"
+            assert value(session, "1 + 1") == 2
+
+    def test_system_exit_is_a_cell_error_as_in_ipython(self, sandbox: Sandbox) -> None:
+        with sandbox.session() as session:
+            session.run_code("kept = 5")
+            result = session.run_code("import sys\nsys.exit(3)")
+            assert (result.ok, result.outcome, result.returncode) == (False, Outcome.ERROR, 1)
+            assert 'File "<cell 2>"' in result.stderr, result.stderr
+            assert "SystemExit: 3" in result.stderr
+            assert result.cells[0].error[0]["ename"] == "SystemExit"
+            assert result.detail == ""
+            assert value(session, "kept") == 5
+
+    # -- display -------------------------------------------------------------------------
+
+    def test_a_final_expression_is_displayed_not_printed(self, sandbox: Sandbox) -> None:
+        with sandbox.session() as session:
+            result = session.run_code("x = 6\nx * 7")
+            assert (result.ok, result.stdout) == (True, ""), result
+            assert result.cells[0].display == [{"text/plain": "42"}]
+            assert shown(session.run_code("'text'")) == "'text'"
+            assert shown(session.run_code("None")) is None
+            assert shown(session.run_code("print('only printed')")) is None
+            assert shown(session.run_code("y = 1")) is None
+
+    # -- time limits ---------------------------------------------------------------------
+
+    def test_a_cell_past_its_timeout_is_interrupted_and_the_state_survives(
+        self, sandbox: Sandbox
+    ) -> None:
+        with sandbox.session() as session:
+            session.run_code("import time\ncounter = 7")
+            started = time.monotonic()
+            result = session.run_code(
+                "counter += 1\nprint('start', flush=True)\ntime.sleep(30)", timeout=0.5
+            )
+            assert time.monotonic() - started < 0.5 + SLACK
+            assert (result.timed_out, result.outcome, result.ok) == (True, Outcome.TIMEOUT, False)
+            assert result.returncode is None
+            assert result.stdout == "start\n"
+            assert "KeyboardInterrupt" in result.stderr
+            assert result.cells[0].timed_out and result.cells[0].finished
+            assert result.detail == ""
+            assert session.lost is None
+            assert value(session, "counter") == 8
+            again = session.run_code("time.sleep(0.7)\n'done'", timeout=5)
+            assert (again.outcome, shown(again)) == (Outcome.SUCCESS, "'done'"), again
+
+    def test_a_cell_that_ignores_the_interrupt_is_killed_and_the_session_lost(
+        self, sandbox: Sandbox
+    ) -> None:
+        with sandbox.session() as session:
+            session.run_code("x = 1")
+            started = time.monotonic()
+            result = session.run_code(
+                "import signal, time\n"
+                "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                "print('stubborn', flush=True)\n"
+                "time.sleep(30)",
+                timeout=0.5,
+            )
+            elapsed = time.monotonic() - started
+            assert 0.5 + INTERRUPT_GRACE * 0.9 <= elapsed < 0.5 + INTERRUPT_GRACE + SLACK
+            assert (result.timed_out, result.outcome, result.ok) == (True, Outcome.TIMEOUT, False)
+            assert result.detail.startswith("session lost:"), result.detail
+            assert session.lost is not None
+            with pytest.raises(SessionLostError):
+                session.run_code("x")
+            with pytest.raises(SessionLostError):
+                session.fork()
+
+    # -- the process ending --------------------------------------------------------------
+
+    def test_os_exit_ends_the_session(self, sandbox: Sandbox) -> None:
+        with sandbox.session() as session:
+            result = session.run_code("import os\nprint('bye', flush=True)\nos._exit(7)")
+            assert (result.returncode, result.outcome, result.ok) == (7, Outcome.ERROR, False)
+            assert not result.timed_out
+            assert result.stdout == "bye\n"
+            assert result.detail.startswith("session lost:"), result.detail
+            assert session.lost is not None
+            with pytest.raises(SessionLostError):
+                session.run_code("print(1)")
+
+    def test_a_signal_ends_the_session(self, sandbox: Sandbox) -> None:
+        with sandbox.session() as session:
+            result = session.run_code("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
+            assert (result.returncode, result.outcome) == (-9, Outcome.SIGNAL), result
+            assert result.detail.startswith("session lost:"), result.detail
+            with pytest.raises(SessionLostError):
+                session.run_code("print(1)")
+
+    # -- forks ---------------------------------------------------------------------------
+
+    def test_a_fork_copies_the_variables_and_the_copies_diverge(self, sandbox: Sandbox) -> None:
+        with sandbox.session() as session:
+            session.run_code("import json\nx = 1\nitems = [1]\njson.marker = 'before'")
+            with session.fork() as branch:
+                session.run_code("x = 2\nitems.append(2)\njson.marker = 'parent'\ny = 'parent'")
+                assert value(branch, "x, items, json.marker, 'y' in globals()") == (
+                    1,
+                    [1],
+                    "before",
+                    False,
+                )
+                branch.run_code("x = 3\nitems.append(3)\njson.marker = 'branch'")
+                assert value(session, "x, items, json.marker") == (2, [1, 2], "parent")
+                assert value(branch, "x, items, json.marker") == (3, [1, 3], "branch")
+
+    def test_a_fork_copies_the_files_and_the_copies_diverge(self, sandbox: Sandbox) -> None:
+        with sandbox.session() as session:
+            session.run_code(
+                "import os\n"
+                "os.makedirs('sub/deeper', exist_ok=True)\n"
+                "for name, text in [('data.txt', 'base'), ('sub/deeper/n.txt', 'nested'),\n"
+                "                   ('doomed.txt', 'x')]:\n"
+                "    with open(name, 'w') as handle:\n"
+                "        handle.write(text)\n"
+                "def read(name):\n"
+                "    if not os.path.exists(name):\n"
+                "        return None\n"
+                "    with open(name) as handle:\n"
+                "        return handle.read()\n"
+            )
+            with session.fork() as branch:
+                session.run_code(
+                    "with open('data.txt', 'w') as handle:\n"
+                    "    handle.write('parent')\n"
+                    "with open('parent_only.txt', 'w') as handle:\n"
+                    "    handle.write('p')\n"
+                    "os.remove('doomed.txt')\n"
+                )
+                assert value(
+                    branch,
+                    "read('data.txt'), read('sub/deeper/n.txt'), read('doomed.txt'), "
+                    "read('parent_only.txt')",
+                ) == ("base", "nested", "x", None)
+                branch.run_code(
+                    "with open('sub/deeper/n.txt', 'w') as handle:\n"
+                    "    handle.write('branch')\n"
+                    "with open('branch_only.txt', 'w') as handle:\n"
+                    "    handle.write('b')\n"
+                )
+                assert value(
+                    session,
+                    "read('data.txt'), read('sub/deeper/n.txt'), read('doomed.txt'), "
+                    "read('branch_only.txt')",
+                ) == ("parent", "nested", None, None)
+                assert value(branch, "read('branch_only.txt'), read('data.txt')") == ("b", "base")
+
+    def test_a_fork_continues_the_cell_numbering(self, sandbox: Sandbox) -> None:
+        with sandbox.session() as session:
+            session.run_code("a = 1")
+            session.run_code("b = 2")
+            with session.fork() as branch:
+                result = branch.run_code("raise KeyError('k')")
+                assert 'File "<cell 3>"' in result.stderr, result.stderr
+                result = session.run_code("raise KeyError('k')")
+                assert 'File "<cell 3>"' in result.stderr, result.stderr
+
+    def test_forks_of_forks_outlive_their_ancestors(self, sandbox: Sandbox) -> None:
+        opened: list[Session] = []
+        try:
+            session = sandbox.open_session()
+            opened.append(session)
+            session.run_code("depth = 0")
+            child = session.fork()
+            opened.append(child)
+            child.run_code("depth = 1")
+            grandchild = child.fork()
+            opened.append(grandchild)
+            grandchild.run_code("depth = 2")
+            session.close()
+            ended = child.run_code("import os\nos._exit(0)")
+            assert ended.detail.startswith("session lost:"), ended
+            assert value(grandchild, "depth") == 2
+            with pytest.raises(SessionLostError):
+                child.fork()
+        finally:
+            for each in opened:
+                each.close()
+
+    def test_a_fork_survives_its_parent_being_killed(self, sandbox: Sandbox) -> None:
+        with sandbox.session() as session:
+            session.run_code("x = 'copied'")
+            with session.fork() as branch:
+                result = session.run_code("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
+                assert result.detail.startswith("session lost:")
+                assert value(branch, "x") == "copied"
+
+    # -- closing -------------------------------------------------------------------------
+
+    def test_close_ends_the_session_and_later_use_raises(self, sandbox: Sandbox) -> None:
+        session = sandbox.open_session()
+        opened = sandbox.open_sessions
+        session.run_code("x = 1")
+        session.close()
+        session.close()  # idempotent
+        assert session.closed
+        assert session.lost is not None
+        assert sandbox.open_sessions == opened - 1
+        with pytest.raises(SessionLostError):
+            session.run_code("x")
+        with pytest.raises(SessionLostError):
+            session.fork()
+
+    def test_the_context_manager_closes_the_session(self, sandbox: Sandbox) -> None:
+        with sandbox.session() as session:
+            assert value(session, "21 * 2") == 42
+        assert session.closed
+        with pytest.raises(SessionLostError):
+            session.run_code("1")
+
+    def test_closing_the_sandbox_closes_its_sessions(self, backend_id: str) -> None:
+        with own_sandbox(backend_id) as sandbox:
+            session = sandbox.open_session()
+            session.run_code("x = 1")
+            branch = session.fork()
+            assert sandbox.open_sessions == 2
+        assert session.closed and branch.closed
+        assert session.lost is not None and branch.lost is not None
+
+    # -- the Sandbox's limits ------------------------------------------------------------
+
+    def test_max_sessions_counts_forks_and_frees_on_close(self, backend_id: str) -> None:
+        with own_sandbox(backend_id, max_sessions=2) as sandbox:
+            first = sandbox.open_session()
+            second = first.fork()
+            with pytest.raises(SessionLimitError):
+                sandbox.open_session()
+            with pytest.raises(SessionLimitError):
+                first.fork()
+            assert sandbox.open_sessions == 2
+            second.close()
+            third = sandbox.open_session()
+            assert value(third, "'third'") == "third"
+            assert value(first, "1") == 1
+
+    def test_an_idle_session_is_closed_after_its_ttl(self, backend_id: str) -> None:
+        with own_sandbox(backend_id, session_ttl=1.0) as sandbox:
+            idle = sandbox.open_session()
+            idle.run_code("x = 1")
+            busy = idle.fork()  # a fork: no second container to wait for on Docker
+            # A cell longer than the TTL is not idleness: its session stays open.
+            result = busy.run_code("import time\ntime.sleep(1.6)\n'awake'", timeout=5)
+            assert shown(result) == "'awake'", result
+            assert value(busy, "'still'") == "still"
+            deadline = time.monotonic() + 1.0 + SLACK
+            while not idle.closed and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert idle.closed
+            with pytest.raises(SessionLostError):
+                idle.run_code("x")
+
+    # -- async ---------------------------------------------------------------------------
+
+    def test_the_async_api(self, sandbox: Sandbox) -> None:
+        async def scenario() -> None:
+            async with sandbox.session() as session:
+                first = await session.arun_code("x = 5\nx * 2")
+                assert shown(first) == "10"
+                branch = await session.afork()
+                await session.arun_code("x = 0")
+                assert shown(await branch.arun_code("x")) == "5"
+                results = await asyncio.gather(
+                    session.arun_code("x + 1"), branch.arun_code("x + 1")
+                )
+                assert [shown(result) for result in results] == ["1", "6"]
+                await branch.aclose()
+                assert branch.closed
+                with pytest.raises(SessionLostError):
+                    await branch.arun_code("x")
+            assert session.closed
+            other = await sandbox.aopen_session()
+            try:
+                assert shown(await other.arun_code("'other'")) == "'other'"
+            finally:
+                await other.aclose()
+
+        asyncio.run(scenario())
+
+
+# -- what the local backend leaves behind -------------------------------------------------
+
+
+def _gone(pid: int) -> bool:
+    """The process no longer runs (no entry, or a zombie waiting for its reaper)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            state = handle.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
+
+
+def _eventually_gone(pid: int, within: float = 5.0) -> bool:
+    deadline = time.monotonic() + within
+    while not _gone(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+@pytest.fixture()
+def local_sandbox() -> Iterator[Sandbox]:
+    sandbox = Sandbox(backend_config("local"))
+    try:
+        yield sandbox
+    finally:
+        sandbox.close()
+
+
+_WHERE = (
+    "import os, subprocess, sys\n"
+    "helper = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+    "os.getpid(), os.getppid(), os.getcwd(), helper.pid"
+)
+
+
+class TestLocalSessionHousekeeping:
+    """The local backend is NOT isolated; these check only that it cleans up after itself."""
+
+    def test_close_leaves_no_process_and_no_directory(self, local_sandbox: Sandbox) -> None:
+        session = local_sandbox.open_session()
+        pid, _parent, workdir, helper = value(session, _WHERE)
+        assert os.path.isdir(workdir) and not _gone(pid) and not _gone(helper)
+        assert os.path.realpath(workdir) != os.path.realpath(os.getcwd())
+        session.close()
+        assert _gone(pid)
+        assert _eventually_gone(helper)
+        assert not os.path.exists(workdir)
+
+    def test_a_fork_is_a_process_of_its_own_in_a_directory_of_its_own(
+        self, local_sandbox: Sandbox
+    ) -> None:
+        session = local_sandbox.open_session()
+        session.run_code("import os\nos.makedirs('sub')\nos.chdir('sub')")
+        pid, _parent, workdir, helper = value(session, _WHERE)
+        branch = session.fork()
+        fork_pid, waiter, fork_dir, fork_helper = value(branch, _WHERE)
+        assert fork_pid not in (pid, os.getpid())
+        assert waiter != pid  # a double fork: the copy is not its parent session's child
+        assert fork_dir != workdir and os.path.basename(fork_dir) == "sub"
+        branch.close()
+        assert _gone(fork_pid)
+        assert _eventually_gone(waiter) and _eventually_gone(fork_helper)
+        assert not os.path.exists(os.path.dirname(fork_dir))
+        assert not _gone(pid) and os.path.isdir(workdir)
+        session.close()
+        assert _gone(pid) and _eventually_gone(helper)
+        assert not os.path.exists(os.path.dirname(workdir))
+
+    def test_closing_the_sandbox_leaves_nothing(self) -> None:
+        sandbox = Sandbox(backend_config("local"))
+        session = sandbox.open_session()
+        branch = session.fork()
+        lost = session.fork()
+        places = [value(each, _WHERE) for each in (session, branch, lost)]
+        lost.run_code("import os\nos._exit(1)")
+        sandbox.close()
+        for pid, _parent, workdir, helper in places:
+            assert _gone(pid)
+            assert _eventually_gone(helper)
+            assert not os.path.exists(workdir)
+
+    def test_closing_the_backend_closes_its_sessions(self) -> None:
+        async def scenario() -> tuple[list[int], list[str]]:
+            async with LocalSubprocessBackend(LocalConfig(timeout=10)) as backend:
+                session = await backend.open_session()
+                branch = await session.fork()
+                pids, dirs = [], []
+                for each in (session, branch):
+                    result = await each.run("import os\nos.getpid(), os.getcwd()", 10)
+                    pid, workdir = eval(result.cells[0].display[0]["text/plain"])
+                    pids.append(pid)
+                    dirs.append(workdir)
+            return pids, dirs
+
+        pids, dirs = asyncio.run(scenario())
+        assert all(_gone(pid) for pid in pids)
+        assert not any(os.path.exists(workdir) for workdir in dirs)
+
+    def test_a_cell_cancelled_by_its_caller_ends_the_session(self) -> None:
+        """Its answer would come later, out of step with the next cell's: it is killed."""
+
+        async def scenario() -> int:
+            async with LocalSubprocessBackend(LocalConfig(timeout=10)) as backend:
+                session = await backend.open_session()
+                result = await session.run("import os\nos.getpid()", 10)
+                pid = int(result.cells[0].display[0]["text/plain"])
+                cell = asyncio.ensure_future(session.run("import time\ntime.sleep(30)", 60))
+                await asyncio.sleep(0.3)
+                cell.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await cell
+                assert session.lost is not None
+                with pytest.raises(SessionLostError):
+                    await session.run("1", 10)
+                return pid
+
+        assert _eventually_gone(asyncio.run(scenario()))
+
+    def test_a_fork_copies_links_without_following_them(self, local_sandbox: Sandbox) -> None:
+        outside = os.path.realpath(os.getcwd())
+        with local_sandbox.session() as session:
+            session.run_code(f"import os\nos.symlink({outside!r}, 'link')\nos.mkfifo('fifo')")
+            with session.fork() as branch:
+                result = value(
+                    branch,
+                    "import stat\n"
+                    "os.path.islink('link'), os.readlink('link'), "
+                    "stat.S_ISFIFO(os.lstat('fifo').st_mode)",
+                )
+                assert result == (True, outside, True)
+
+    def test_a_python_that_cannot_start_is_a_session_error(self) -> None:
+        config = LocalConfig(python="/nonexistent/python3")
+        with Sandbox(config) as sandbox, pytest.raises(SessionLostError, match="could not start"):
+            sandbox.open_session()
