@@ -41,6 +41,35 @@ outside the child, so nothing the code prints can change them:
   a second; the process ending in a cell ends the call, and that cell is
   reported unfinished. ``SystemExit`` in a cell is an error of that cell, as
   in IPython; ``os._exit`` ends the process.
+
+Sessions (``open_session``; see docs/sessions.md) keep one such interpreter
+per session, with the same cell protocol, between calls. Still NOT a security
+boundary: a session is a host process of the host user.
+
+- Each session is a ``python -B`` process in a new process group, with a
+  working directory of its own (a temporary directory, its cwd), stdin
+  ``/dev/null``, and descriptors 1 and 2 on ``/dev/null`` between cells.
+  There is no CPU or memory limit (``memory_mb`` is ignored).
+- A cell past its timeout gets SIGINT (``KeyboardInterrupt``); if it has not
+  answered a second later, the group is SIGKILLed and the session is lost.
+  The process ending (``os._exit``, a signal) loses the session; the result
+  gives its exit status. A call cancelled while its cell runs kills the
+  session too (its answer would arrive out of step).
+- ``fork()`` copies the working directory first (``shutil.copytree``, links
+  copied as links, never followed; named pipes made anew; sockets left out),
+  then sends "fork" with a new channel and the write end of a status pipe.
+  The session forks twice: the first child exits at once (the session reaps
+  it), so the copy is not its parent session's child; the middle process
+  starts a new session, forks the copy (which starts a process group of its
+  own, moves to the matching directory in the copy and says hello with its
+  pid), then execs a small interpreter that waits for the copy and writes
+  its wait status on the pipe: that is how the host learns how a fork ended,
+  and the copy's snapshot is not pinned by a waiting twin.
+- ``close()`` SIGKILLs the session's process group, waits until the process
+  is gone (the host's child, or the waiter's report), and removes its
+  working directory; the backend's ``close()`` (and the Sandbox's) closes
+  every session still open. A process the code moved out of the group
+  (``setsid``) is not found, as in one-shot calls.
 """
 
 from __future__ import annotations
