@@ -401,8 +401,13 @@ class Sandbox:
         stdin: str | bytes | None = None,
         files: Mapping[str, str | bytes] | None = None,
         fetch: Iterable[str] = (),
+        auto_print: bool | None = None,
     ) -> RunRequest | ExecResult:
-        """Validate input in the caller's thread: a bad type raises, bad content is a result."""
+        """Validate input in the caller's thread: a bad type raises, bad content is a result.
+
+        ``auto_print`` overrides the sandbox's (a session cell displays its last
+        expression itself, so it never rewrites the code).
+        """
         if not isinstance(code, str):
             raise TypeError(f"code must be str, not {type(code).__name__}")
         if isinstance(fetch, str):
@@ -431,7 +436,7 @@ class Sandbox:
             )
             self.stats.record(result)
             return result
-        if self.auto_print:
+        if self.auto_print if auto_print is None else auto_print:
             code = add_auto_print(code)
         try:
             return RunRequest(

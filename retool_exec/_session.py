@@ -54,7 +54,7 @@ class Session:
 
     async def arun_code_in_loop(self, code: str, timeout: float | None) -> ExecResult:
         submitted = time.perf_counter()
-        prepared = self._sandbox._prepare(code, submitted, timeout)
+        prepared = self._sandbox._prepare(code, submitted, timeout, auto_print=False)
         if isinstance(prepared, ExecResult):
             return prepared
         async with self._lock:  # one cell at a time per interpreter
@@ -70,7 +70,18 @@ class Session:
         return result
 
     def format_tool_content(self, result: ExecResult) -> str:
-        """The observation for ``result``, as ``Sandbox.format_tool_content``."""
+        """The observation for ``result``: as ``Sandbox.format_tool_content``, and for a cell
+        that succeeded, its stdout followed by the value of its final expression (as a
+        notebook shows ``Out[n]``), so a model sees ``x * 7`` without a print."""
+        shown = [
+            item.get("text/plain", "")
+            for cell in result.cells
+            for item in cell.display
+            if isinstance(item, dict)
+        ]
+        if result.ok and shown:
+            stdout = result.stdout + "".join(f"{text}\n" for text in shown)
+            result = result.model_copy(update={"stdout": stdout})
         return self._sandbox.format_tool_content(result)
 
     # -- branching -------------------------------------------------------------
@@ -122,11 +133,11 @@ class Session:
         if self._closed:
             return
         self._closed = True
+        if reason and self._handle.lost is None:
+            self._handle.lost = reason  # before closing: the handle keeps the first reason
         try:
             await self._handle.close()
         finally:
-            if reason and self._handle.lost is None:
-                self._handle.lost = reason
             self._sandbox._release_session(self)
 
     def _check_usable(self) -> None:

@@ -89,7 +89,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import IO, Any
 
-from retool_exec._errors import SessionLostError
+from retool_exec._errors import SessionError, SessionLostError
 from retool_exec._formatting import truncate_tail
 from retool_exec._models import CellResult, ExecResult, Outcome, classify_exit
 from retool_exec._output import TailBuffer, read_cap_bytes
@@ -1260,11 +1260,11 @@ class _LocalSession(SessionHandle):
                 self._lose(reason)
                 raise SessionLostError(f"this session is gone: {reason}")
             if ack.get("ok") is not True:
-                raise SessionLostError(f"the fork failed: {str(ack.get('reason'))[:300]}")
+                raise SessionError(f"the fork failed: {str(ack.get('reason'))[:300]}")
             hello = await _await_message(loop, ours, copy.exited)
             pid = hello.get("pid") if hello is not None else None
             if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1:
-                raise SessionLostError("the fork failed: the copy did not start")
+                raise SessionError("the fork failed: the copy did not start")
             copy.pid = pid
         except BaseException:
             if not acknowledged:

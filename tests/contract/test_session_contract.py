@@ -575,12 +575,6 @@ class TestLocalSessions:
                 )
                 assert result == (True, outside, True)
 
-    @pytest.mark.xfail(
-        strict=True,
-        reason="Session cells go through Sandbox._prepare, which applies auto_print: with "
-        "Sandbox(auto_print=True) a final expression is printed instead of displayed, and a "
-        "None value displays 'True' (the auto-print wrapper's own value)",
-    )
     def test_auto_print_does_not_change_what_a_cell_displays(self) -> None:
         sandbox = Sandbox(backend_config("local"), auto_print=True)
         with sandbox, sandbox.session() as session:
@@ -592,3 +586,12 @@ class TestLocalSessions:
         config = LocalConfig(python="/nonexistent/python3")
         with Sandbox(config) as sandbox, pytest.raises(SessionLostError, match="could not start"):
             sandbox.open_session()
+
+
+def test_the_observation_of_a_cell_shows_its_final_value() -> None:
+    """A model sees ``x * 7`` without a print, as a notebook shows Out[n]."""
+    with Sandbox(backend_config("local"), auto_print=True) as sandbox, sandbox.session() as s:
+        s.run_code("x = 6")
+        result = s.run_code("print('side'); x * 7")
+        assert result.stdout == "side\n"  # the stdout a reward compares stays the code's own
+        assert s.format_tool_content(result) == "side\n42\n"

@@ -22,7 +22,7 @@ import secrets
 import time
 from typing import TYPE_CHECKING, Any
 
-from retool_exec._errors import SessionLostError
+from retool_exec._errors import SessionError, SessionLostError
 from retool_exec._models import CellResult, ExecResult, Outcome, classify_exit
 from retool_exec._output import finish_stream, read_cap_bytes
 from retool_exec.backends.base import SessionHandle
@@ -239,8 +239,8 @@ class DockerSession(SessionHandle):
             )
         except (TimeoutError, ProtocolError) as exc:
             raise SessionLostError(f"this session is gone: {self.family.lost or exc}") from exc
-        if not reply.get("ok"):
-            raise SessionLostError(f"the fork failed: {reply.get('reason')}")
+        if not reply.get("ok"):  # the parent lives on: only the copy failed
+            raise SessionError(f"the fork failed: {reply.get('reason')}")
         return DockerSession(self.family, new_sid, name=self.name)
 
     async def close(self) -> None:
