@@ -65,7 +65,8 @@ class FileSpec:
 def normalize_path(path: object) -> str:
     """The confined relative form of a client's path, or ``RequestRejected``.
 
-    ``./a//b.txt`` becomes ``a/b.txt``; absolute paths, ``..``, control
+    ``./a//b.txt`` becomes ``a/b.txt`` and ``/tmp/a.txt`` (absolute inside the
+    working directory) ``a.txt``; other absolute paths, ``..``, control
     characters, and paths that name the working directory itself are refused
     (``wire.check_relative_path``, the rule every backend applies).
     """
@@ -73,14 +74,18 @@ def normalize_path(path: object) -> str:
         raise RequestRejected(f"file path {path!r} is not a string", status=422)
     if not path:
         raise RequestRejected("file path is empty", status=422)
+    if path.startswith(wire.WORKDIR + "/"):
+        # Absolute inside the sandbox's working directory (where a call starts): as
+        # SandboxFusion writes absolute paths where the code can read them by that name.
+        path = path[len(wire.WORKDIR) + 1 :]
     try:
         return wire.check_relative_path(path)
     except ValueError as exc:
         reason = str(exc)
         if path.startswith("/"):
             reason = (
-                f"file path {path[:80]!r} is absolute; paths are relative to the sandbox's "
-                "working directory, where the code runs"
+                f"file path {path[:80]!r} is absolute outside {wire.WORKDIR}/; give it "
+                f"relative to the sandbox's working directory, or under {wire.WORKDIR}/"
             )
         raise RequestRejected(reason) from exc
 

@@ -203,3 +203,13 @@ def test_absent_stdin_stays_absent(client: httpx.Client) -> None:
         client.post(f"{url}/run_code", json=verl_body("1"))
         client.post(f"{url}/run_code", json=verl_body("1", stdin=""))
     assert [request.stdin for request in backend.requests] == [None, b""]
+
+
+def test_absolute_paths_inside_the_working_directory_are_accepted() -> None:
+    """As SandboxFusion accepts them; anything else absolute is refused with the reason."""
+    from retool_exec.server.files import RequestRejected, normalize_path
+
+    assert normalize_path("/tmp/data/a.txt") == "data/a.txt"
+    for outside in ("/etc/passwd", "/tmp/../etc/passwd", "/tmp/"):
+        with pytest.raises(RequestRejected):
+            normalize_path(outside)
