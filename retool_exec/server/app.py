@@ -6,6 +6,8 @@
 ``POST /run_jupyter``      SandboxFusion's notebook call (see ``jupyter.py``)
 ``POST /v1/exec``          ``{"code", "timeout", "memory_mb"}`` → ``ExecResult``
 ``GET  /v1/metrics``       the sandbox's metrics and the queue's gauges
+``POST /sessions``         a stateful interpreter for HTTP clients (and its
+                           ``/run``, ``/fork`` and ``DELETE``; ``sessions.py``)
 =========================  ==================================================
 
 Every route is also served under ``settings.prefix`` (``/faas/sandbox/run_code``
@@ -37,15 +39,20 @@ from retool_exec.backends.config import BackendConfigBase
 from retool_exec.backends.registry import backend_config
 from retool_exec.server.admission import ClientGone, Overloaded
 from retool_exec.server.files import RequestRejected
-from retool_exec.server.guards import BodyLimitMiddleware, TokenMiddleware
+from retool_exec.server.guards import BodyLimitMiddleware, TokenMiddleware, presented_token
 from retool_exec.server.schemas import (
     ExecRequest,
     RunCodeRequest,
     RunCodeResponse,
     RunJupyterRequest,
     RunJupyterResponse,
+    SessionCreated,
+    SessionCreateRequest,
+    SessionRunRequest,
+    SessionRunResponse,
 )
 from retool_exec.server.service import SandboxService
+from retool_exec.server.sessions import client_key
 from retool_exec.server.settings import ServerSettings
 
 __all__ = ["OUTCOME_HEADER", "create_app"]
@@ -176,7 +183,71 @@ def _router(service: SandboxService) -> APIRouter:
         """The sandbox's cumulative metrics and the queue's current state."""
         return service.metrics()
 
+    sessions = service.sessions
+
+    @router.post(
+        "/sessions",
+        status_code=201,
+        response_model=SessionCreated,
+        tags=["sessions"],
+        openapi_extra=_body(SessionCreateRequest),
+    )
+    async def create_session(request: Request) -> Response:
+        """Open a stateful session (the body may be empty)."""
+        raw = await request.body()
+        body = _parse(SessionCreateRequest, raw if raw.strip() else b"{}")
+        created = await sessions.create(
+            body, client=_client(request, service.settings), gone=request.is_disconnected
+        )
+        return JSONResponse(created.model_dump(mode="json"), status_code=201)
+
+    @router.post(
+        "/sessions/{session_id}/run",
+        response_model=SessionRunResponse,
+        tags=["sessions"],
+        openapi_extra=_body(SessionRunRequest),
+    )
+    async def run_in_session(session_id: str, request: Request) -> Response:
+        """Run one cell in the session: its state persists to the next."""
+        body = _parse(SessionRunRequest, await request.body())
+        response, outcome = await sessions.run(
+            session_id,
+            body,
+            client=_client(request, service.settings),
+            gone=request.is_disconnected,
+        )
+        return JSONResponse(
+            response.model_dump(mode="json"), headers={OUTCOME_HEADER: outcome.value}
+        )
+
+    @router.post(
+        "/sessions/{session_id}/fork",
+        status_code=201,
+        response_model=SessionCreated,
+        tags=["sessions"],
+    )
+    async def fork_session(session_id: str, request: Request) -> Response:
+        """A new session whose state is a copy of this one's now."""
+        created = await sessions.fork(
+            session_id, client=_client(request, service.settings), gone=request.is_disconnected
+        )
+        return JSONResponse(created.model_dump(mode="json"), status_code=201)
+
+    @router.delete("/sessions/{session_id}", status_code=204, tags=["sessions"])
+    async def delete_session(session_id: str, request: Request) -> Response:
+        """Close the session (204 for any id this client holds, ended ones included)."""
+        await sessions.delete(session_id, client=_client(request, service.settings))
+        return Response(status_code=204)
+
     return router
+
+
+def _client(request: Request, settings: ServerSettings) -> str:
+    """The session holder a request speaks for: its token if the server has one, else its IP."""
+    token = None
+    if settings.token is not None:
+        token = presented_token(request.headers.get("authorization"))
+    return client_key(token=token, peer=request.client.host if request.client else None)
 
 
 def _add_error_handlers(app: FastAPI) -> None:
@@ -187,7 +258,7 @@ def _add_error_handlers(app: FastAPI) -> None:
         errors = getattr(exc, "errors", None)
         if errors:
             content["errors"] = errors
-        return JSONResponse(content, status_code=exc.status)
+        return JSONResponse(content, status_code=exc.status, headers=exc.headers or None)
 
     @app.exception_handler(Overloaded)
     async def overloaded(_request: Request, exc: Exception) -> Response:

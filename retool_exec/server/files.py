@@ -40,11 +40,15 @@ IGNORED_MARKER = "IGNORE_THIS_FILE"
 
 
 class RequestRejected(ValueError):
-    """The request cannot be served as given; ``status`` is the HTTP status to answer."""
+    """The request cannot be served as given; ``status`` is the HTTP status to answer
+    (``headers`` go with it, e.g. ``Retry-After``)."""
 
-    def __init__(self, message: str, *, status: int = 400) -> None:
+    def __init__(
+        self, message: str, *, status: int = 400, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
+        self.headers = headers or {}
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ import json
 from collections.abc import Awaitable, Callable, Collection, MutableMapping
 from typing import Any
 
-__all__ = ["BodyLimitMiddleware", "TokenMiddleware", "token_matches"]
+__all__ = ["BodyLimitMiddleware", "TokenMiddleware", "presented_token", "token_matches"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -106,21 +106,29 @@ class BodyLimitMiddleware:
                 return
 
 
-def token_matches(authorization: str | None, token: str) -> bool:
-    """Whether an ``Authorization`` header carries ``token`` (Bearer, or Basic password)."""
+def presented_token(authorization: str | None) -> str | None:
+    """The token an ``Authorization`` header carries (Bearer, or Basic password), if any."""
     if not authorization:
-        return False
+        return None
     scheme, _, credentials = authorization.strip().partition(" ")
     credentials = credentials.strip()
     if scheme.lower() == "basic":
         try:
             decoded = base64.b64decode(credentials, validate=True).decode("utf-8")
         except (binascii.Error, UnicodeDecodeError):
-            return False
-        credentials = decoded.partition(":")[2]
-    elif scheme.lower() != "bearer":
+            return None
+        return decoded.partition(":")[2]
+    if scheme.lower() != "bearer":
+        return None
+    return credentials
+
+
+def token_matches(authorization: str | None, token: str) -> bool:
+    """Whether an ``Authorization`` header carries ``token`` (Bearer, or Basic password)."""
+    presented = presented_token(authorization)
+    if presented is None:
         return False
-    return hmac.compare_digest(credentials.encode("utf-8"), token.encode("utf-8"))
+    return hmac.compare_digest(presented.encode("utf-8"), token.encode("utf-8"))
 
 
 class TokenMiddleware:

@@ -25,7 +25,7 @@ from retool_exec._models import CellResult, ExecResult
 from retool_exec.server.results import cut_stream, outcome_message
 from retool_exec.server.schemas import CellRunResult
 
-__all__ = ["DEAD_KERNEL", "TIMEOUT", "notebook_cells"]
+__all__ = ["DEAD_KERNEL", "TIMEOUT", "display_entry", "error_entry", "notebook_cells"]
 
 TIMEOUT = "TimeoutError"
 """``ename`` of a cell stopped by ``cell_timeout`` or ``total_timeout``."""
@@ -56,12 +56,8 @@ def _cell(
 ) -> CellRunResult:
     stdout, _ = cut_stream(_text(cell.stdout), cell.stdout_dropped_chars, chars)
     stderr, _ = cut_stream(_text(cell.stderr), cell.stderr_dropped_chars, chars)
-    display = [
-        {"text/plain": cut_stream(_text(item["text/plain"]), 0, chars)[0]}
-        for item in cell.display
-        if isinstance(item.get("text/plain"), str)
-    ]
-    errors = [_error(item, chars) for item in cell.error]
+    display = [entry for item in cell.display if (entry := display_entry(item, chars)) is not None]
+    errors = [error_entry(item, chars) for item in cell.error]
     if cell.timed_out:
         trace = [line for error in errors for line in error["traceback"]]
         errors = [
@@ -82,7 +78,8 @@ def _cell(
     return CellRunResult(stdout=stdout, stderr=stderr, display=display, error=errors)
 
 
-def _error(item: dict[str, Any], chars: int) -> dict[str, Any]:
+def error_entry(item: dict[str, Any], chars: int) -> dict[str, Any]:
+    """A cell's exception record, its value and traceback cut to ``chars`` characters."""
     trace = item.get("traceback")
     lines = [
         _text(line) for line in (trace if isinstance(trace, list) else []) if isinstance(line, str)
@@ -108,6 +105,14 @@ def _tail_lines(lines: list[str], chars: int) -> list[str]:
     if dropped:
         kept.insert(0, f"[... truncated {dropped} chars ...]\n")
     return kept
+
+
+def display_entry(item: dict[str, str], chars: int) -> dict[str, str] | None:
+    """A cell's ``{"text/plain": ...}`` display, cut to ``chars``; None if it has no text."""
+    text = item.get("text/plain")
+    if not isinstance(text, str):
+        return None
+    return {"text/plain": cut_stream(_text(text), 0, chars)[0]}
 
 
 def _text(value: str) -> str:

@@ -24,6 +24,10 @@ __all__ = [
     "RunJupyterRequest",
     "RunJupyterResponse",
     "RunStatus",
+    "SessionCreateRequest",
+    "SessionCreated",
+    "SessionRunRequest",
+    "SessionRunResponse",
 ]
 
 
@@ -155,3 +159,51 @@ class ExecRequest(BaseModel):
     """Wall-clock seconds (clamped to the server's maximum); None: the server's default."""
     memory_mb: int | None = Field(default=None, ge=1)
     """Memory cap in MB (clamped to the server's maximum)."""
+
+
+class SessionCreateRequest(BaseModel):
+    """``POST /sessions`` (the body may be empty)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    memory_mb: int | None = Field(default=None, ge=1)
+    """Memory cap in MB for the session's interpreter (clamped to the server's maximum)."""
+
+
+class SessionCreated(BaseModel):
+    """The answer to ``POST /sessions`` and ``POST /sessions/{id}/fork`` (HTTP 201)."""
+
+    session_id: str
+    """The new session's id: unguessable, and good only for the client that made it."""
+    ttl: float
+    """Seconds the session may stay idle before the server closes it (its id then answers 404)."""
+
+
+class SessionRunRequest(BaseModel):
+    """``POST /sessions/{id}/run``: one cell in the session's interpreter."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    code: str
+    timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    """Wall-clock seconds for this cell (clamped to the server's maximum); None: the server's
+    default. Past it the cell is interrupted and the session lives on (see docs/server.md)."""
+
+
+class SessionRunResponse(BaseModel):
+    """The answer to ``POST /sessions/{id}/run``: ``/run_code``'s verdict plus the cell's own.
+
+    HTTP 200 whatever the cell did; ``status``, ``message`` and ``run_result`` follow
+    ``/run_code``'s rules (an exception in the cell is return code 1, ``Failed``).
+    """
+
+    status: RunStatus
+    message: str
+    run_result: CommandRunResult
+    display: list[dict[str, str]] = Field(default_factory=list)
+    """``{"text/plain": repr(value)}`` when the cell ends in an expression that is not None."""
+    error: list[dict[str, Any]] = Field(default_factory=list)
+    """``{"ename", "evalue", "traceback": [str]}`` when the cell raised."""
+    session_lost: bool = False
+    """The interpreter ended in this cell (killed after its timeout, out of memory, exited):
+    the id answers 410 from now on. False: the session lives on with its state."""

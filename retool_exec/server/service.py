@@ -44,6 +44,7 @@ from retool_exec.server.schemas import (
     RunJupyterResponse,
     RunStatus,
 )
+from retool_exec.server.sessions import SessionService
 from retool_exec.server.settings import ServerSettings
 
 __all__ = ["PYTHON_LANGUAGES", "SandboxService"]
@@ -69,15 +70,21 @@ class SandboxService:
             max_queue=settings.max_queue,
             queue_timeout=settings.queue_timeout,
         )
+        self.sessions = SessionService(self)
+        """``/sessions``: stateful interpreters for HTTP clients (``sessions.py``)."""
 
     async def start(self) -> None:
         """Warm the backend before the first request arrives."""
         await self.sandbox.astart()
 
     async def close(self) -> None:
-        """Close the sandbox if the server built it (a caller's sandbox stays open)."""
-        if self.owned:
-            await self.sandbox.aclose()
+        """Close the sessions the server opened, and the sandbox if the server built it
+        (a caller's sandbox stays open)."""
+        try:
+            await self.sessions.close()
+        finally:
+            if self.owned:
+                await self.sandbox.aclose()
 
     # -- POST /run_code ----------------------------------------------------------
 
@@ -215,7 +222,11 @@ class SandboxService:
 
     def metrics(self) -> dict[str, float]:
         """The sandbox's metrics plus the queue's."""
-        return {**self.sandbox.stats.metrics(), **self.admission.metrics()}
+        return {
+            **self.sandbox.stats.metrics(),
+            **self.admission.metrics(),
+            **self.sessions.metrics(),
+        }
 
     # -- limits ----------------------------------------------------------------------
 
@@ -267,11 +278,16 @@ class SandboxService:
         *,
         wait: float | None = None,
         gone: Disconnected | None = None,
+        passthrough: tuple[type[Exception], ...] = (),
     ) -> ExecResult:
+        """Run ``call`` in a slot; its exceptions become a sandbox-failure answer, but for
+        ``ConfigError`` (a 400) and ``passthrough`` (raised as they are)."""
         async with self.admission.slot(wait=wait, gone=gone):
             started = time.perf_counter()
             try:
                 return await call()
+            except passthrough:
+                raise
             except ConfigError as exc:  # checked before; kept as a 400 should it happen
                 raise RequestRejected(str(exc)) from exc
             except Exception as exc:  # the sandbox broke: an answer, not an HTTP error

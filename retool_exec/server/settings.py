@@ -91,6 +91,12 @@ class ServerSettings(BaseModel):
     stdout, stderr, display and traceback up to ``max(128, this // cells)`` chars each."""
     sandbox_output_chars: int = Field(default=DEFAULT_SANDBOX_TAIL_CHARS, ge=1024, le=1 << 20)
     """``max_output_chars`` given to a sandbox the server builds from a config."""
+    max_sessions_per_client: int = Field(default=16, ge=0, le=1 << 16)
+    """Sessions (``POST /sessions``, forks included) one client may hold open at once; one
+    more is refused with HTTP 429. The client is the token it sent when the server has one
+    (so every holder of the one token is one client), else its IP address. 0 turns the
+    session endpoints off (403). The sandbox's own ``max_sessions`` bounds all clients
+    together (HTTP 503), and its ``session_ttl`` closes idle sessions."""
 
     @field_validator("prefix")
     @classmethod
