@@ -32,8 +32,10 @@ __all__ = [
     "LocalExpectation",
     "Observation",
     "Predicate",
+    "SessionStep",
     "Severity",
     "Status",
+    "StepAction",
     "exposed_as_root",
 ]
 
@@ -169,6 +171,11 @@ class Observation:
     ctx: CaseContext
     neighbour: ExecResult | None = None
     """The ``neighbour`` call's result (it ran in another container, during the attack)."""
+    cells: Mapping[str, ExecResult] = field(default_factory=dict)
+    """A session case's cells that returned a result, by step name (``SessionStep.name``)."""
+    refused: Mapping[str, str] = field(default_factory=dict)
+    """A session case's steps that raised a ``SessionError`` instead (``SessionLostError``
+    after the session ended), by step name: the exception's type and message."""
 
     def facts(self) -> dict[str, Any]:
         """The attack's last ``report(...)`` line."""
@@ -185,6 +192,14 @@ class Observation:
         if self.neighbour is None:
             raise ValueError("this case has no neighbour call")
         return _last_json(self.neighbour.stdout)
+
+    def cell(self, name: str) -> ExecResult:
+        """A session case's cell ``name`` (KeyError when it returned no result)."""
+        return self.cells[name]
+
+    def cell_facts(self, name: str) -> dict[str, Any]:
+        """The last ``report(...)`` line of the session case's cell ``name``."""
+        return _last_json(self.cells[name].stdout)
 
 
 Predicate = Callable[[Observation], bool]
@@ -203,6 +218,45 @@ class CallInputs:
     """Uploaded into the call's working directory before the code starts."""
     fetch: tuple[str, ...] = ()
     """Read back from the working directory after the code ends (``ExecResult.files``)."""
+
+
+class StepAction(enum.StrEnum):
+    """What one step of a session case does."""
+
+    OPEN = "open"
+    """Open a new session family (``Sandbox.aopen_session()``)."""
+    FORK = "fork"
+    """Fork ``parent`` into a new session of its family."""
+    CELL = "cell"
+    """Run ``code`` as a cell of the session."""
+    CLOSE = "close"
+    """Close the session (a family ends with its last session)."""
+
+
+@dataclass(frozen=True)
+class SessionStep:
+    """One step of a session case; the runner takes the steps in order.
+
+    Sessions are named by the case (``"a"``, ``"b"``...). A cell's code gets the
+    prelude and the placeholders like any case's code; its result is
+    ``Observation.cells[name]``, or ``Observation.refused[name]`` when the step
+    raised a ``SessionError`` (a session that is gone). Sessions still open
+    after the last step are closed before the follow-up call.
+    """
+
+    action: StepAction
+    session: str
+    code: str = ""
+    name: str = ""
+    """The step's key in ``Observation.cells``/``refused`` (default: action:session)."""
+    parent: str = ""
+    """For ``FORK``: the session copied."""
+    timeout: float | None = None
+    """For ``CELL``: its limit; None uses the case's."""
+
+    @property
+    def key(self) -> str:
+        return self.name or f"{self.action.value}:{self.session}"
 
 
 @dataclass(frozen=True)
@@ -247,10 +301,18 @@ class Case:
     """Why the local backend does not run it (for ``HARMFUL`` / ``NOT_APPLICABLE``)."""
     note: str = ""
     """How the predicate reads the outcome where it is not obvious (e.g. under gVisor)."""
+    session_steps: tuple[SessionStep, ...] = ()
+    """A session case: these steps run on the backend's sessions instead of ``code`` (which
+    is then empty); the cell named ``attack`` (else the last) is ``Observation.result``.
+    A backend without sessions skips the case."""
 
     def source(self) -> str:
         """The attack code as written (before placeholders are filled in)."""
         return self.code() if callable(self.code) else self.code
+
+    def cell_sources(self) -> tuple[str, ...]:
+        """The code of each cell of a session case (before placeholders are filled in)."""
+        return tuple(step.code for step in self.session_steps if step.action is StepAction.CELL)
 
     def local_expectation(self) -> Expect:
         """The local backend's expectation on this host."""

@@ -15,6 +15,13 @@ at a time afterwards. A ``reuse`` pool runs with one container and one call
 at a time, so a follow-up lands in the container its attack used; for the
 same reason a case's ``neighbour`` call runs on a second sandbox of the same
 config there (another container), started only when a case has one.
+
+A session case (``Case.session_steps``) runs its steps on sessions of the
+same sandbox instead of one attack call: it opens families, forks, runs
+cells and closes them in order, then closes whatever is still open before
+its follow-up call. Invariant 1 holds for every cell, with
+:data:`SESSION_GRACE` (a cell that ignores its KeyboardInterrupt is killed
+after the backend's one-second grace); a backend without sessions skips it.
 """
 
 from __future__ import annotations
@@ -27,8 +34,10 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from retool_exec._errors import SessionError, SessionsUnsupportedError
 from retool_exec._models import ExecResult, Outcome
 from retool_exec._sandbox import Sandbox
+from retool_exec._session import Session
 from retool_exec.backends.config import BackendConfigBase, DockerConfig, LocalConfig
 from retool_exec.backends.docker.hardening import is_gvisor
 from retool_exec.security.host import HostFixtures, new_token
@@ -38,6 +47,7 @@ from retool_exec.security.model import (
     CaseReport,
     Observation,
     Status,
+    StepAction,
 )
 from retool_exec.security.snippets import PRELUDE
 
@@ -48,6 +58,7 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "GRACE",
     "ISOLATING",
+    "SESSION_GRACE",
     "AuditRun",
     "BackendRun",
     "audit_backend",
@@ -63,6 +74,9 @@ DEFAULT_TIMEOUT = 5.0
 """Wall-clock seconds per attack call unless the case says otherwise."""
 GRACE = 1.5
 """Seconds past the limit a call may take to come back (invariant 1)."""
+SESSION_GRACE = 2.0
+"""Seconds past its limit a session cell may take: a cell that ignores KeyboardInterrupt
+is killed one second after it (the backends' interrupt grace), and its session lost."""
 NEXT_CALL_TIMEOUT = 10.0
 BACKEND_IDS = ("local", "docker-fresh", "docker-reuse", "docker-runsc")
 ISOLATING = frozenset({"docker-fresh", "docker-reuse", "docker-runsc"})
@@ -215,30 +229,20 @@ async def run_case(
         timeout=case.timeout or timeout,
         host=host.facts,
     )
+    cells: dict[str, ExecResult] = {}
+    refused: dict[str, str] = {}
     try:
         companion = None
-        if case.companion is not None:
+        if case.companion is not None and not case.session_steps:
             companion = asyncio.ensure_future(
                 sandbox.arun_code(_render(case.companion, ctx), timeout=timeout)
             )
             await asyncio.sleep(0.3)
-        bystander = neighbours or sandbox
-        if case.neighbour is not None:
-            await bystander.astart()  # warm before the attack starts its clock
-        attack = sandbox.arun_code(
-            _render(case.source(), ctx, raw=case.raw), timeout=ctx.timeout, **_inputs(case, ctx)
-        )
-        neighbour = None
-        if case.neighbour is None:
-            result = await attack
+        if case.session_steps:
+            await _run_steps(sandbox, case, ctx, cells, refused)
+            result, neighbour = _main_cell(cells), None
         else:
-            result, neighbour = await asyncio.gather(
-                attack,
-                _after(
-                    case.neighbour_delay,
-                    bystander.arun_code(_render(case.neighbour, ctx), timeout=timeout),
-                ),
-            )
+            result, neighbour = await _attack(sandbox, case, ctx, neighbours or sandbox, timeout)
         follow = None
         if case.follow_up is not None:
             follow = await sandbox.arun_code(_render(case.follow_up, ctx), timeout=timeout)
@@ -250,14 +254,30 @@ async def run_case(
             after = await sandbox.arun_code(
                 f"print({token!r} + '-next')", timeout=NEXT_CALL_TIMEOUT
             )
+    except SessionsUnsupportedError as exc:
+        return report(Status.SKIPPED, [f"the backend has no sessions: {exc}"])
     except Exception as exc:
         return report(Status.ERROR, [f"the audit could not run the case: {exc!r}"])
 
     reasons = []
-    took = result.latency - result.queue_wait
-    if took > ctx.timeout + GRACE:
-        reasons.append(f"returned after {took:.1f}s (limit {ctx.timeout:g}s + {GRACE:g}s grace)")
-    for name, call in (("attack", result), ("follow-up", follow)):
+    if case.session_steps:
+        for name, cell in cells.items():
+            limit = cell.timeout or ctx.timeout
+            took = cell.latency - cell.queue_wait
+            if took > limit + SESSION_GRACE:
+                reasons.append(
+                    f"cell {name} returned after {took:.1f}s "
+                    f"(limit {limit:g}s + {SESSION_GRACE:g}s grace)"
+                )
+    else:
+        took = result.latency - result.queue_wait
+        if took > ctx.timeout + GRACE:
+            reasons.append(
+                f"returned after {took:.1f}s (limit {ctx.timeout:g}s + {GRACE:g}s grace)"
+            )
+    checked: dict[str, ExecResult | None] = {**cells} if cells else {"attack": result}
+    checked["follow-up"] = follow
+    for name, call in checked.items():
         if call is not None and call.outcome is Outcome.SANDBOX_ERROR:
             reasons.append(f"the {name} call broke the sandbox: {call.detail}")
     if not after.ok or (after is not follow and after.stdout != f"{token}-next\n"):
@@ -273,7 +293,9 @@ async def run_case(
         evidence += " | follow-up: " + _evidence(follow)
     if neighbour is not None:
         evidence += " | neighbour: " + _evidence(neighbour)
-    observation = Observation(result=result, follow=follow, ctx=ctx, neighbour=neighbour)
+    observation = Observation(
+        result=result, follow=follow, ctx=ctx, neighbour=neighbour, cells=cells, refused=refused
+    )
     try:
         contained = case.contained(observation)
     except (KeyError, ValueError, TypeError, IndexError, json.JSONDecodeError) as exc:
@@ -287,6 +309,71 @@ async def run_case(
         reasons.insert(0, "the attack got through")
     status = Status.EXPOSED if reasons else Status.CONTAINED
     return report(status, reasons, evidence, result.outcome.value)
+
+
+async def _attack(
+    sandbox: Sandbox, case: Case, ctx: CaseContext, bystander: Sandbox, timeout: float
+) -> tuple[ExecResult, ExecResult | None]:
+    """The attack call, and the ``neighbour`` call beside it (if the case has one)."""
+    if case.neighbour is not None:
+        await bystander.astart()  # warm before the attack starts its clock
+    attack = sandbox.arun_code(
+        _render(case.source(), ctx, raw=case.raw), timeout=ctx.timeout, **_inputs(case, ctx)
+    )
+    if case.neighbour is None:
+        return await attack, None
+    return await asyncio.gather(
+        attack,
+        _after(
+            case.neighbour_delay,
+            bystander.arun_code(_render(case.neighbour, ctx), timeout=timeout),
+        ),
+    )
+
+
+async def _run_steps(
+    sandbox: Sandbox,
+    case: Case,
+    ctx: CaseContext,
+    cells: dict[str, ExecResult],
+    refused: dict[str, str],
+) -> None:
+    """Run a session case's steps in order (see ``SessionStep``); close what is left open.
+
+    A step that raises a ``SessionError`` is recorded in ``refused`` (the case's
+    predicate judges it); a backend without sessions raises
+    ``SessionsUnsupportedError`` at the first ``OPEN``."""
+    sessions: dict[str, Session] = {}
+    try:
+        for step in case.session_steps:
+            try:
+                if step.action is StepAction.OPEN:
+                    sessions[step.session] = await sandbox.aopen_session()
+                elif step.action is StepAction.FORK:
+                    sessions[step.session] = await sessions[step.parent].afork()
+                elif step.action is StepAction.CELL:
+                    cells[step.key] = await sessions[step.session].arun_code(
+                        _render(step.code, ctx), timeout=step.timeout or ctx.timeout
+                    )
+                else:
+                    await sessions[step.session].aclose()
+            except SessionsUnsupportedError:
+                raise
+            except SessionError as exc:
+                refused[step.key] = f"{type(exc).__name__}: {exc}"
+    finally:
+        for session in sessions.values():
+            with contextlib.suppress(Exception):
+                await session.aclose()
+
+
+def _main_cell(cells: Mapping[str, ExecResult]) -> ExecResult:
+    """A session case's ``attack`` cell, else its last cell that returned."""
+    if "attack" in cells:
+        return cells["attack"]
+    if not cells:
+        raise RuntimeError("no cell of the session case returned a result")
+    return list(cells.values())[-1]
 
 
 async def run_backend(

@@ -85,17 +85,27 @@ def test_case_is_well_formed(case: object) -> None:
     if not case.raw:
         assert "__TOKEN__" not in rendered
         assert not re.search(r"__[A-Z_]+__", rendered.replace("__name__", ""))
-    for extra in (case.follow_up, case.companion):
+    for extra in (case.follow_up, case.companion, *case.cell_sources()):
         if extra is not None:
-            compile(_render(extra, context), "<sandbox>", "exec")
+            cell = _render(extra, context)
+            compile(cell, "<sandbox>", "exec")
+            assert not re.search(r"__[A-Z_]+__", cell.replace("__name__", ""))
     assert isinstance(case.local_expectation(), Expect)
+    if case.session_steps:
+        assert case.source() == ""  # a session case's code is its cells
+        assert any(step.key == "attack" for step in case.session_steps)
 
 
 def test_network_cases_only_contact_the_hosts_own_listeners() -> None:
     """The catalogue's rule: no outside, private, link-local address or real DNS name."""
     forbidden = re.compile(r"\b(?!127\.0\.0\.1\b)\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}\b")
     for case in CORPUS:
-        for code in (case.source(), case.follow_up or "", case.companion or ""):
+        for code in (
+            case.source(),
+            case.follow_up or "",
+            case.companion or "",
+            *case.cell_sources(),
+        ):
             if case.raw:
                 continue
             assert not forbidden.search(code), case.id

@@ -20,11 +20,19 @@ from retool_exec.security import BACKEND_IDS, CORPUS, CaseReport, Expect, Status
 
 pytestmark = pytest.mark.security
 
-# None open. (io_uring under Docker 20.10's seccomp profile, the agent's /proc
-# entries and signals under gVisor, POSIX queues and the inode cap under gVisor
-# were listed here until the agent got its own uid and the calls their own
-# seccomp layer; see docs/security.md.)
-KNOWN_HOLES: dict[tuple[str, str], str] = {}
+# (io_uring under Docker 20.10's seccomp profile, the agent's /proc entries and
+# signals under gVisor, POSIX queues and the inode cap under gVisor were listed
+# here until the agent got its own uid and the calls their own seccomp layer;
+# see docs/security.md.)
+_FORGED_CELL = (
+    "known hole: the supervisor takes any cell_end event on a session's events pipe "
+    "(fd 3, which the cell can write) as the running cell's end, so a cell's fake events "
+    "end it early and the next cells get stale records (agent/sessions.py run_cell)"
+)
+KNOWN_HOLES: dict[tuple[str, str], str] = {
+    (backend, "proto-session-forged-cell"): _FORGED_CELL
+    for backend in ("docker-fresh", "docker-reuse", "docker-runsc")
+}
 
 
 class CaseExposed(AssertionError):

@@ -11,6 +11,7 @@ from retool_exec.security.cases import (
     protocol,
     redteam,
     resources,
+    sessions,
 )
 from retool_exec.security.model import Case
 
@@ -27,6 +28,7 @@ def _collect() -> tuple[Case, ...]:
         *isolation.CASES,
         *protocol.CASES,
         *redteam.CASES,
+        *sessions.CASES,
     )
     ids = [case.id for case in cases]
     duplicates = sorted({case_id for case_id in ids if ids.count(case_id) > 1})

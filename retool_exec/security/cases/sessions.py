@@ -1,0 +1,609 @@
+"""Stateful sessions: families do not see each other, forks do not touch their parent,
+a family leaves nothing behind, no cell forges another's record, timeouts hold.
+
+Each case is a script of session steps (``SessionStep``): open families,
+fork, run cells, close (see ``runner._run_steps``). What a session promises
+and what it does not is in docs/security.md, "Sessions"; in short, a *family*
+(a session and its forks) is the unit of isolation: families are separated
+like calls, while a family's own sessions share a uid and a container. Inside
+one session, code left running by an earlier cell (a thread, a child) is the
+interpreter's state: it runs in whatever cell is current, as in Jupyter.
+"""
+
+from __future__ import annotations
+
+from retool_exec._models import ExecResult, Outcome
+from retool_exec.security.model import (
+    Case,
+    CaseClass,
+    Expect,
+    Observation,
+    SessionStep,
+    Severity,
+    StepAction,
+)
+from retool_exec.security.snippets import code
+
+__all__ = ["CASES"]
+
+
+def _open(session: str) -> SessionStep:
+    return SessionStep(StepAction.OPEN, session)
+
+
+def _fork(parent: str, session: str) -> SessionStep:
+    return SessionStep(StepAction.FORK, session, parent=parent)
+
+
+def _cell(session: str, name: str, text: str, timeout: float | None = None) -> SessionStep:
+    return SessionStep(StepAction.CELL, session, code=code(text), name=name, timeout=timeout)
+
+
+def _close(session: str) -> SessionStep:
+    return SessionStep(StepAction.CLOSE, session)
+
+
+# -- (a) another family's state and files ----------------------------------------------
+
+_NEEDLES = """
+    import hashlib
+
+    def needle(kind):
+        # Computed at run time: the canaries never appear in any code the host sends.
+        return hashlib.sha256(f"{TOKEN}:{kind}".encode()).hexdigest()
+"""
+
+_PLANT = (
+    _NEEDLES
+    + """
+    SESSION_CANARY = needle("globals")
+    SESSION_HEAP = [needle("heap") * 4]
+    with open(f"{TOKEN}-canary", "w") as handle:
+        handle.write(needle("file"))
+    report(planted=True)
+"""
+)
+
+_PLANT_ALIVE = (
+    _NEEDLES
+    + """
+    with open(f"{TOKEN}-canary") as handle:
+        on_disk = handle.read() == needle("file")
+    report(alive=SESSION_CANARY == needle("globals") and on_disk)
+"""
+)
+
+_SEARCH = (
+    _NEEDLES
+    + """
+    import gc, stat
+    texts = {kind: needle(kind) for kind in ("globals", "heap", "file")}
+    raw = {kind: value.encode() for kind, value in texts.items()}
+    found, budget = [], time.monotonic() + 6
+    me = os.getpid()
+
+    def check(where, data):
+        for kind, value in (raw if isinstance(data, bytes) else texts).items():
+            if value in data:
+                found.append(f"{where}: {kind}")
+
+    # 1. This interpreter's own objects: a namespace or list of the other family's.
+    for obj in gc.get_objects():
+        if isinstance(obj, dict) and "SESSION_CANARY" in obj:
+            found.append("gc: a namespace holding SESSION_CANARY")
+        elif isinstance(obj, list) and obj and isinstance(obj[0], str) and len(obj[0]) == 256:
+            check("gc: a list", obj[0])
+
+    # 2. Every name and small file under /tmp and /dev/shm.
+    def read_head(path):
+        try:
+            with open(path, "rb") as handle:
+                return handle.read(1 << 16)
+        except OSError:
+            return b""
+
+    seen = 0
+    for top in ("/tmp", "/dev/shm"):
+        for root, dirs, files in os.walk(top):
+            for name in dirs + files:
+                seen += 1
+                path = os.path.join(root, name)
+                if TOKEN in name:
+                    found.append(f"listing: {path}")
+                try:
+                    info = os.lstat(path)
+                except OSError:
+                    continue
+                if stat.S_ISREG(info.st_mode) and info.st_size < (1 << 20):
+                    check(f"file {path}", read_head(path))
+                if seen > 20000 or time.monotonic() > budget - 3:
+                    break
+            else:
+                continue
+            break
+
+    # 3. /proc: other processes' working directories, environment, command line,
+    # open files, and memory (the readable, writable mappings).
+    pids = sorted((int(e) for e in os.listdir("/proc") if e.isdigit()), reverse=True)
+    scanned = 0
+    for pid in pids:
+        if pid == me or time.monotonic() > budget:
+            continue
+        base = f"/proc/{pid}"
+        try:
+            for name in os.listdir(f"{base}/cwd"):
+                if TOKEN in name:
+                    found.append(f"{base}/cwd: {name}")
+                    check(f"{base}/cwd/{name}", read_head(f"{base}/cwd/{name}"))
+        except OSError:
+            pass
+        for part in ("environ", "cmdline"):
+            check(f"{base}/{part}", read_head(f"{base}/{part}"))
+        try:
+            for fd in os.listdir(f"{base}/fd"):
+                try:
+                    if stat.S_ISREG(os.stat(f"{base}/fd/{fd}").st_mode):
+                        check(f"{base}/fd/{fd}", read_head(f"{base}/fd/{fd}"))
+                except OSError:
+                    pass
+        except OSError:
+            pass
+        try:
+            with open(f"{base}/comm") as handle:
+                if not handle.read().startswith("python"):
+                    continue
+            with open(f"{base}/maps") as handle:
+                regions = [line.split() for line in handle]
+            with open(f"{base}/mem", "rb", buffering=0) as mem:
+                for fields in regions:
+                    if not fields[1].startswith("rw"):
+                        continue  # code and constants: not where a running program keeps data
+                    start, end = (int(x, 16) for x in fields[0].split("-"))
+                    offset = start
+                    while offset < end and scanned < (512 << 20) and time.monotonic() < budget:
+                        size = min(end - offset, 4 << 20)
+                        try:
+                            mem.seek(offset)
+                            check(f"memory of {pid}", mem.read(size))
+                        except (OSError, ValueError, OverflowError):
+                            break
+                        scanned += size
+                        offset += size
+        except OSError:
+            pass
+    report(found=sorted(set(found)), entries=seen, pids=len(pids) - 1, scanned_mb=scanned >> 20)
+"""
+)
+
+
+def _not_found(obs: Observation) -> bool:
+    return obs.cell_facts("attack")["found"] == [] and obs.cell_facts("alive")["alive"] is True
+
+
+# -- (b) a fork's changes stay in the fork -------------------------------------------
+
+_SNAPSHOT = """
+    import json
+
+    def read(path):
+        try:
+            with open(path) as handle:
+                return handle.read()
+        except OSError as exc:
+            return why(exc)
+
+    def snapshot():
+        return {
+            "numbers": numbers,
+            "counter": counter,
+            "module": getattr(json, "session_flag", None),
+            "environ": os.environ.get("RETOOL_SESSION_FLAG"),
+            "state.txt": read("state.txt"),
+            "sub/inner.txt": read("sub/inner.txt"),
+            "gone.txt": os.path.exists("gone.txt"),
+            "fork-only": os.path.exists(f"{TOKEN}-fork-only"),
+        }
+"""
+
+_ORIGINAL = {
+    "numbers": [1, 2, 3],
+    "counter": 10,
+    "module": "parent",
+    "environ": "parent",
+    "state.txt": "parent",
+    "sub/inner.txt": "parent",
+    "gone.txt": True,
+    "fork-only": False,
+}
+_CHANGED = {
+    "numbers": [1, 2, 3, 99],
+    "counter": 11,
+    "module": "fork",
+    "environ": "fork",
+    "state.txt": "fork",
+    "sub/inner.txt": "parent+fork",
+    "gone.txt": False,
+    "fork-only": True,
+}
+
+_SETUP = """
+    import json
+    numbers, counter = [1, 2, 3], 10
+    json.session_flag = "parent"
+    os.environ["RETOOL_SESSION_FLAG"] = "parent"
+    os.mkdir("sub")
+    for path in ("state.txt", "sub/inner.txt", "gone.txt"):
+        with open(path, "w") as handle:
+            handle.write("parent")
+    report(ready=True)
+"""
+
+_CHANGE = (
+    _SNAPSHOT
+    + """
+    numbers.append(99)
+    counter += 1
+    json.session_flag = "fork"
+    os.environ["RETOOL_SESSION_FLAG"] = "fork"
+    with open("state.txt", "w") as handle:
+        handle.write("fork")
+    with open("sub/inner.txt", "a") as handle:
+        handle.write("+fork")
+    os.unlink("gone.txt")
+    open(f"{TOKEN}-fork-only", "w").close()
+    report(state=snapshot())
+"""
+)
+
+_LOOK = _SNAPSHOT + "\n    report(state=snapshot())\n"
+
+
+def _fork_private(obs: Observation) -> bool:
+    states = [obs.cell_facts(name)["state"] for name in ("attack", "parent", "sibling")]
+    return states == [_CHANGED, _ORIGINAL, _ORIGINAL]
+
+
+# -- (c) nothing of a family outlives it -------------------------------------------------
+
+_LEAVE = """
+    with open(f"{TOKEN}-cwd", "w") as handle:
+        handle.write("left by a session family")
+    for directory in ("/tmp", "/dev/shm"):
+        with open(f"{directory}/{TOKEN}-left", "w") as handle:
+            handle.write("left by a session family")
+    key = int(TOKEN[2:9], 16)
+    shmid = libc.shmget(key, 4096, 0o1000 | 0o600)  # IPC_CREAT
+    libc.mq_open.restype = ctypes.c_int
+    mqd = libc.mq_open(f"/{TOKEN}".encode(), os.O_CREAT | os.O_RDWR, 0o600, None)
+
+    def linger(deadline):
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    daemon(linger, 8)  # outside the session's process group and session
+    if os.fork() == 0:  # and one inside them
+        name_process()
+        linger(time.monotonic() + 8)
+        os._exit(0)
+    report(shm=shmid >= 0, mqueue=mqd >= 0)
+"""
+
+_FIND_LEFT = """
+    present = []
+    seen = 0
+    for top in ("/tmp", "/dev/shm"):
+        for root, dirs, files in os.walk(top):
+            seen += len(dirs) + len(files)
+            present += [os.path.join(root, n) for n in dirs + files if TOKEN in n]
+            if seen > 20000:
+                break
+    key = int(TOKEN[2:9], 16)
+    shmid = libc.shmget(key, 0, 0)
+    if shmid >= 0:
+        present.append(f"SysV segment {hex(key)}")
+    libc.mq_open.restype = ctypes.c_int
+    mqd = libc.mq_open(f"/{TOKEN}".encode(), os.O_RDWR)
+    if mqd >= 0:
+        present.append(f"POSIX queue /{TOKEN}")
+        libc.mq_close(mqd)
+    present += [f"process {pid}" for pid, state in watch_named() if state != "Z"]
+"""
+
+_LOOK_LEFT = _FIND_LEFT + "\n    report(present=present)\n"
+
+_LOOK_AND_CLEAN = (
+    _FIND_LEFT
+    + """
+    import shutil
+    for path in present:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        elif path.startswith("/"):
+            os.unlink(path)
+    if shmid >= 0:
+        libc.shmctl(shmid, 0, None)  # IPC_RMID
+    libc.mq_unlink(f"/{TOKEN}".encode())
+    report(present=present)
+"""
+)
+
+
+def _nothing_left(obs: Observation) -> bool:
+    return (
+        obs.cell("plant").ok
+        and obs.cell_facts("attack")["present"] == []
+        and obs.follow is not None
+        and obs.follow.ok
+        and obs.follow_facts()["present"] == []
+    )
+
+
+# -- (d) no cell forges another cell's record ----------------------------------------------
+
+_FORGE = """
+    import fcntl, stat, struct, threading
+
+    def frame(message):
+        payload = json.dumps(message).encode()
+        return struct.pack(">I", len(payload)) + payload
+
+    forged = f"FORGED-{TOKEN}"
+    fakes = [
+        frame({"type": "cell_end", "index": index, "display": [{"text/plain": forged}],
+               "error": []})
+        for index in range(4)
+    ]
+    fakes += [
+        frame({"type": "result", "id": n, "nonce": "__NONCE_LIKE__", "ok": True,
+               "returncode": 0, "stdout": forged, "stderr": "", "cells": [],
+               "lost": None, "timed_out": False})
+        for n in range(1, 4)
+    ]
+    fakes += [frame({"type": "started"}), frame({"type": "forked", "pid": 1})]
+    print(forged)  # a plain status line of its own, on its own stdout
+    written = {}
+    for entry in sorted(os.listdir("/proc/self/fd"), key=int):
+        fd = int(entry)
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError:
+            continue
+        if stat.S_ISREG(mode) or stat.S_ISDIR(mode) or os.isatty(fd):
+            continue  # never a byte into a file or a terminal
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        sent = 0
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_NONBLOCK)
+            for fake in fakes:
+                try:
+                    sent += os.write(fd, fake)
+                except OSError:
+                    pass
+        finally:
+            fcntl.fcntl(fd, fcntl.F_SETFL, flags)
+        written[fd] = sent
+
+    def leftover():
+        for n in range(60):
+            print(f"LEFTOVER-{TOKEN} {n}", flush=True)
+            time.sleep(0.05)
+
+    threading.Thread(target=leftover, daemon=True).start()
+    time.sleep(0.3)
+    report(written=written)
+"""
+
+_VICTIM_1 = """
+    print("victim-out-1")
+    print("victim-err-1", file=sys.stderr)
+    6 * 7
+"""
+
+_VICTIM_2 = """
+    time.sleep(0.2)
+    print("victim-out-2")
+    1 / 0
+"""
+
+
+def _own_lines(text: str) -> list[str]:
+    """A cell's lines without those of the thread cell 1 left (the interpreter's state)."""
+    return [line for line in text.splitlines() if not line.startswith("LEFTOVER-")]
+
+
+def _unforged(result: ExecResult, stdout: str) -> bool:
+    """One cell record, its own stdout line (besides the leftover thread's), nothing forged."""
+    return (
+        len(result.cells) == 1
+        and _own_lines(result.stdout) == [stdout]
+        and "FORGED" not in repr(result.model_dump())
+    )
+
+
+def _first_is_own(result: ExecResult) -> bool:
+    """``print(...); print(..., file=sys.stderr); 6 * 7``."""
+    return (
+        _unforged(result, "victim-out-1")
+        and result.outcome is Outcome.SUCCESS
+        and result.stderr == "victim-err-1\n"
+        and result.cells[0].display == [{"text/plain": "42"}]
+        and result.cells[0].error == []
+    )
+
+
+def _second_is_own(result: ExecResult) -> bool:
+    """``time.sleep(0.2); print(...); 1 / 0``."""
+    return (
+        _unforged(result, "victim-out-2")
+        and result.outcome is Outcome.ERROR
+        and result.stderr.rstrip().endswith("ZeroDivisionError: division by zero")
+        and result.cells[0].display == []
+        and [record.get("ename") for record in result.cells[0].error] == ["ZeroDivisionError"]
+    )
+
+
+def _lost(obs: Observation, name: str) -> bool:
+    """The session ended explicitly before or in cell ``name`` (no record to forge)."""
+    if name in obs.refused:
+        return "SessionLostError" in obs.refused[name]
+    return obs.cells[name].detail.startswith("session lost")
+
+
+def _records_own(obs: Observation) -> bool:
+    first, second = obs.cells.get("victim-1"), obs.cells.get("victim-2")
+    ok_first = _lost(obs, "victim-1") or (first is not None and _first_is_own(first))
+    ok_second = _lost(obs, "victim-2") or (second is not None and _second_is_own(second))
+    return ok_first and ok_second
+
+
+# -- (e) a cell that will not be interrupted ------------------------------------------------
+
+_STUBBORN_TIMEOUT = 2.0
+
+_STUBBORN = """
+    report(stubborn=True)
+    spins = 0
+    while True:
+        try:
+            while True:  # not a bare `while True: pass`: CPython 3.11 may not catch in that one
+                spins += 1
+        except KeyboardInterrupt:
+            continue
+"""
+
+
+def _killed_and_lost(obs: Observation) -> bool:
+    result = obs.cell("attack")
+    took = result.latency - result.queue_wait
+    return (
+        result.timed_out
+        and result.outcome is Outcome.TIMEOUT
+        and result.detail.startswith("session lost")
+        and took <= _STUBBORN_TIMEOUT + 2.0
+        and "SessionLostError" in obs.refused.get("after", "")
+        and "SessionLostError" in obs.refused.get("fork-after", "")
+    )
+
+
+CASES: tuple[Case, ...] = (
+    Case(
+        id="iso-session-other-family",
+        klass=CaseClass.ISOLATION,
+        title="a session family finds nothing of another open family (objects, /tmp, /proc, "
+        "memory)",
+        code="",
+        session_steps=(
+            _open("a"),
+            _cell("a", "plant", _PLANT),
+            _open("b"),
+            _cell("b", "attack", _SEARCH, timeout=15),
+            _cell("a", "alive", _PLANT_ALIVE),
+        ),
+        contained=_not_found,
+        severity=Severity.HIGH,
+        reference="E2B/SandboxFusion per-session sandboxes; codejail 'can't see other sandboxes'",
+        catalogue=(42,),
+        exclusive=True,
+        note="family A plants canaries (globals, a heap list, a file in its working directory) "
+        "computed at run time; family B, open at the same time, searches its own objects, "
+        "every name and small file in /tmp and /dev/shm, other processes' cwd, environ, "
+        "cmdline, open files and memory. A's last cell proves the canaries were still there.",
+    ),
+    Case(
+        id="iso-session-fork-private",
+        klass=CaseClass.ISOLATION,
+        title="a fork's changes to variables, modules, environ and files reach neither its "
+        "parent nor its sibling",
+        code="",
+        session_steps=(
+            _open("p"),
+            _cell("p", "setup", _SETUP),
+            _fork("p", "c1"),
+            _fork("p", "c2"),
+            _cell("c1", "attack", _CHANGE),
+            _cell("p", "parent", _LOOK),
+            _cell("c2", "sibling", _LOOK),
+        ),
+        contained=_fork_private,
+        severity=Severity.MEDIUM,
+        reference="the session contract: fork() returns an independent copy of the state",
+        exclusive=True,
+        local=Expect.CONTAINED,
+        note="state = a list, an int, a module attribute, os.environ, files in the working "
+        "directory (overwritten, appended in a subdirectory, deleted, created); the fork's "
+        "own view must show its changes, so the case cannot pass by not making them. Files "
+        "by absolute path are not separated inside a family (see docs/security.md).",
+    ),
+    Case(
+        id="iso-session-family-end",
+        klass=CaseClass.ISOLATION,
+        title="nothing of an ended session family (files, IPC, processes) reaches the next "
+        "family or the next call",
+        code="",
+        session_steps=(
+            _open("a"),
+            _cell("a", "plant", _LEAVE),
+            _close("a"),
+            _open("b"),
+            _cell("b", "attack", _LOOK_LEFT),
+        ),
+        follow_up=code(_LOOK_AND_CLEAN),
+        contained=_nothing_left,
+        severity=Severity.HIGH,
+        reference="Jupyter kernels share /tmp and IPC with the server; iso-* cases for calls",
+        catalogue=(41, 42),
+        exclusive=True,
+        note="the family leaves a file in its working directory, /tmp and /dev/shm, a SysV "
+        "segment, a POSIX queue, a process in its group and a double-forked one outside it; "
+        "the next family (after the first closed) and the next stateless call look for all "
+        "of them (names anywhere under /tmp and /dev/shm).",
+    ),
+    Case(
+        id="proto-session-forged-cell",
+        klass=CaseClass.PROTOCOL,
+        title="a cell's fake frames on every descriptor (fd 3 and 4 included) forge no later "
+        "cell's record",
+        code="",
+        session_steps=(
+            _open("s"),
+            _cell("s", "attack", _FORGE),
+            _cell("s", "victim-1", _VICTIM_1),
+            _cell("s", "victim-2", _VICTIM_2),
+        ),
+        contained=_records_own,
+        severity=Severity.HIGH,
+        reference="proto-forged-records for calls; a trainer's check cell after the model's cells",
+        exclusive=True,
+        note="cell 1 writes well-formed frames (cell_end events for cells 0-3 that are also "
+        "the local driver's answers, result frames with a nonce-like, started/forked events) "
+        "to every pipe, socket and device it holds, a plain status line to its stdout, then "
+        "leaves a thread printing LEFTOVER lines. Contained: the next two cells' "
+        "stdout (without LEFTOVER lines), stderr, display, error and outcome are exactly "
+        "their own, or the session was ended explicitly. What is NOT checked, because it "
+        "is the interpreter's state: the leftover thread's bytes land in whichever cell is "
+        "running, and code still running in the interpreter during a later cell (a thread, "
+        "monkeypatched internals) can shape that cell, as in Jupyter.",
+    ),
+    Case(
+        id="res-session-ignores-interrupt",
+        klass=CaseClass.RESOURCES,
+        title="a cell that swallows KeyboardInterrupt is killed and its session reported lost "
+        "within timeout + 2 s",
+        code="",
+        session_steps=(
+            _open("s"),
+            _cell("s", "setup", "value = 41\nreport(ready=True)\n"),
+            _cell("s", "attack", _STUBBORN, timeout=_STUBBORN_TIMEOUT),
+            _cell("s", "after", "print(value + 1)\n"),
+            SessionStep(StepAction.FORK, "s2", parent="s", name="fork-after"),
+        ),
+        contained=_killed_and_lost,
+        severity=Severity.MEDIUM,
+        reference="the sessions issue: interrupt first, kill after a grace, never a silent "
+        "fresh interpreter",
+        exclusive=True,
+        local=Expect.CONTAINED,
+        note="contained: the cell times out, is killed, its result says 'session lost' within "
+        "timeout + 2 s, and the next cell and a fork both raise SessionLostError.",
+    ),
+)
