@@ -346,6 +346,8 @@ class SessionService:
             ) from exc
         except SandboxClosedError as exc:
             raise _unavailable("the server is shutting down") from exc
+        except SessionError as exc:  # e.g. a fork that failed while its parent lives on
+            raise _unavailable(str(exc)) from exc
         except ConfigError as exc:
             raise RequestRejected(str(exc)) from exc
         except Exception as exc:
