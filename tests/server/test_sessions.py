@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import SecretStr
 
 from retool_exec import ExecResult, FakeBackend, RunRequest, Sandbox
 from retool_exec._models import CellResult
@@ -337,7 +338,7 @@ def test_the_sandboxs_cap_is_503_with_retry_after() -> None:
 
 
 def test_the_token_is_the_client() -> None:
-    settings = ServerSettings(token=TOKEN, max_sessions_per_client=1)
+    settings = ServerSettings(token=SecretStr(TOKEN), max_sessions_per_client=1)
     auth = {"Authorization": f"Bearer {TOKEN}"}
     with fake_server(settings) as (base, _), httpx.Client(timeout=30, headers=auth) as http:
         assert httpx.post(f"{base}/sessions").status_code == 401

@@ -1,0 +1,296 @@
+"""Multi-turn adapters on the fake backend: TRL's environment shape, verl's tool interface,
+branching. A fake session's cell answers with its line's history, so state is exact.
+
+verl is not installed here: ``AgentData`` and ``call_tool`` below do what verl's
+``ToolAgentLoop`` does around every tool call (``create``, ``execute`` with its
+``agent_data``, ``release``), and ``ToolListCache``'s deep copy is checked too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import inspect
+import logging
+import time
+from typing import Any
+
+import pytest
+
+from retool_exec import ExecResult, FakeBackend, Sandbox
+from retool_exec.adapters import (
+    DEFAULT_TOOL_SCHEMA,
+    SessionCodeInterpreter,
+    SessionCodeTool,
+    ToolSchema,
+    arun_branches,
+    run_branches,
+    session_environment_factory,
+)
+from retool_exec.backends.fake import FakeCell
+
+LOST = "the session's interpreter exited (status 3)"
+
+
+def history(cell: FakeCell) -> ExecResult | str:
+    """Each cell prints its line so far; ``exit`` ends the interpreter."""
+    if cell.code == "exit":
+        return ExecResult(False, "", "", 3, False, 0.01, detail=f"session lost: {LOST}")
+    return ",".join((*cell.history, cell.code)) + "\n"
+
+
+@pytest.fixture()
+def sandbox() -> Any:
+    with Sandbox(FakeBackend(session_handler=history), max_sessions=16) as box:
+        yield box
+
+
+# -- TRL: SessionCodeInterpreter ------------------------------------------------------------
+
+
+def test_the_interpreter_keeps_state_until_reset(sandbox: Sandbox) -> None:
+    env = SessionCodeInterpreter(sandbox)
+    assert sandbox.open_sessions == 0  # nothing until the first call
+    assert env.code_interpreter("a") == "a\n"
+    assert env.code_interpreter("b") == "a,b\n"
+    assert [result.stdout for result in env.results] == ["a\n", "a,b\n"]
+    env.reset(prompt="ignored", answer="42")
+    assert sandbox.open_sessions == 0
+    assert env.results == []
+    assert env.code_interpreter("c") == "c\n"
+    with env:
+        pass
+    assert sandbox.open_sessions == 0
+
+
+def test_the_interpreter_has_exactly_trls_tool_surface(sandbox: Sandbox) -> None:
+    env = SessionCodeInterpreter(sandbox)
+    public = {
+        name for name in dir(env) if not name.startswith("_") and callable(getattr(env, name))
+    }
+    assert public == {"reset", "code_interpreter"}  # TRL exposes all but reset as tools
+    signature = inspect.signature(env.code_interpreter)
+    assert list(signature.parameters) == ["code"]
+    assert signature.parameters["code"].annotation in (str, "str")
+    assert signature.return_annotation in (str, "str")
+    doc = inspect.getdoc(env.code_interpreter) or ""
+    assert "\nArgs:\n    code: " in doc
+    assert "persists between calls" in doc
+
+
+def test_a_lost_interpreter_is_said_and_replaced(sandbox: Sandbox) -> None:
+    env = SessionCodeInterpreter(sandbox)
+    env.code_interpreter("a")
+    text = env.code_interpreter("exit")
+    assert text.endswith(
+        f"[the interpreter ended ({LOST}); the next call starts a new one, without the "
+        "variables, imports and files of earlier calls]"
+    )
+    assert env.sessions_lost == 1
+    assert sandbox.open_sessions == 0
+    assert env.code_interpreter("b") == "b\n"  # a new interpreter: no history
+
+
+def test_an_interpreter_closed_while_idle_is_said() -> None:
+    with Sandbox(FakeBackend(session_handler=history), session_ttl=0.5) as sandbox:
+        env = SessionCodeInterpreter(sandbox)
+        env.code_interpreter("a")
+        deadline = time.monotonic() + 5
+        while env.session is not None and env.session.lost is None:
+            assert time.monotonic() < deadline, "the idle session was never closed"
+            time.sleep(0.05)
+        text = env.code_interpreter("b")
+        assert text.startswith("b\n")
+        assert "[the interpreter of the earlier calls had ended (it was idle" in text
+        assert env.sessions_lost == 1
+
+
+def test_the_environment_factory_makes_independent_interpreters(sandbox: Sandbox) -> None:
+    factory = session_environment_factory(sandbox, timeout=5.0)
+    first, second = factory(), factory()
+    assert first is not second
+    first.code_interpreter("x")
+    assert second.code_interpreter("y") == "y\n"
+    assert first.code_interpreter("z") == "x,z\n"
+    assert first.timeout == 5.0
+    first.reset()
+    second.reset()
+
+
+# -- verl: SessionCodeTool -----------------------------------------------------------------
+
+
+class AgentData:
+    """The part of verl's ``AgentData`` a tool sees: the trajectory's ``request_id``."""
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+
+
+async def call_tool(tool: SessionCodeTool, code: str, agent_data: AgentData) -> str:
+    """What verl's ``ToolAgentLoop._call_tool`` does for each call."""
+    instance_id, _ = await tool.create(create_kwargs={})
+    try:
+        response, reward, metrics = await tool.execute(
+            instance_id, {"code": code}, agent_data=agent_data
+        )
+    finally:
+        await tool.release(instance_id)
+    assert reward is None
+    assert set(metrics) == {"outcome", "latency", "session_lost"}
+    text: str = response.text
+    return text
+
+
+def test_verls_agent_loop_gets_one_session_per_trajectory(sandbox: Sandbox) -> None:
+    tool = SessionCodeTool({"type": "native"}, sandbox=sandbox)
+
+    async def rollouts() -> list[str]:
+        one, two = AgentData("r1"), AgentData("r2")
+        seen = [
+            await call_tool(tool, "a", one),
+            await call_tool(tool, "x", two),
+            await call_tool(tool, "b", one),
+            await call_tool(tool, "y", two),
+        ]
+        assert tool.open_sessions == 2  # released instances, live trajectories
+        await tool.release_trajectory("r1")
+        assert tool.open_sessions == 1
+        seen.append(await call_tool(tool, "c", one))  # a new trajectory session
+        await tool.aclose()
+        return seen
+
+    assert asyncio.run(rollouts()) == ["a\n", "x\n", "a,b\n", "x,y\n", "c\n"]
+    assert sandbox.open_sessions == 0
+    assert not sandbox.closed  # a sandbox passed in stays the caller's
+
+
+def test_one_instance_per_trajectory_is_closed_by_release(sandbox: Sandbox) -> None:
+    tool = SessionCodeTool({}, sandbox=sandbox)
+
+    async def trajectory() -> list[str]:
+        instance_id, created = await tool.create("traj-1")
+        assert instance_id == "traj-1"
+        assert created.text is None
+        texts = [(await tool.execute(instance_id, {"code": code}))[0].text for code in "ab"]
+        assert await tool.calc_reward(instance_id) == 0.0
+        await tool.release(instance_id)
+        return texts
+
+    assert asyncio.run(trajectory()) == ["a\n", "a,b\n"]
+    assert sandbox.open_sessions == 0
+
+
+def test_parallel_calls_of_a_trajectory_share_one_session(sandbox: Sandbox) -> None:
+    tool = SessionCodeTool({}, sandbox=sandbox)
+
+    async def parallel() -> list[str]:
+        data = AgentData("r")
+        texts = await asyncio.gather(*(call_tool(tool, code, data) for code in "abc"))
+        await tool.aclose()
+        return list(texts)
+
+    texts = asyncio.run(parallel())
+    assert sorted(len(text.split(",")) for text in texts) == [1, 2, 3]  # one line of cells
+
+
+def test_a_lost_session_is_said_and_the_next_call_starts_anew(sandbox: Sandbox) -> None:
+    tool = SessionCodeTool({}, sandbox=sandbox)
+
+    async def calls() -> list[str]:
+        data = AgentData("r")
+        texts = [await call_tool(tool, code, data) for code in ("a", "exit", "b")]
+        await tool.aclose()
+        return texts
+
+    first, lost, fresh = asyncio.run(calls())
+    assert first == "a\n"
+    assert "[the interpreter ended (" in lost
+    assert fresh == "b\n"
+
+
+def test_the_default_schema_is_verls_shape(sandbox: Sandbox) -> None:
+    tool = SessionCodeTool({}, sandbox=sandbox)
+    assert tool.name == "code_interpreter"
+    assert tool.get_openai_tool_schema() is tool.tool_schema
+    dumped = tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True)
+    assert dumped == DEFAULT_TOOL_SCHEMA
+    custom = ToolSchema.model_validate(
+        {"type": "function", "function": {"name": "python", "description": "Run code."}}
+    )
+    assert SessionCodeTool({}, custom, sandbox=sandbox).name == "python"
+
+
+def test_the_tool_builds_its_own_sandbox_from_the_config(caplog: Any) -> None:
+    config = {
+        "type": "native",
+        "backend": "fake",
+        "backend_config": {"stdout": "hi\n"},
+        "timeout": 7,
+        "max_sessions": 3,
+        "session_ttl": 60,
+        "rate_limit": 10,
+    }
+    with caplog.at_level(logging.WARNING, logger="retool_exec.adapters"):
+        tool = SessionCodeTool(config)
+    assert "ignores config keys rate_limit" in caplog.text
+
+    async def use() -> str:
+        instance_id, _ = await tool.create()
+        response, _, _ = await tool.execute(instance_id, {"code": "anything"})
+        sandbox = tool.sandbox
+        assert (sandbox.max_sessions, sandbox.session_ttl, sandbox.timeout) == (3, 60.0, 7.0)
+        await tool.aclose()
+        assert sandbox.closed  # its own sandbox: closed with it
+        text: str = response.text
+        return text
+
+    assert asyncio.run(use()) == "hi\n"
+
+
+def test_a_deep_copy_is_an_independent_tool(sandbox: Sandbox) -> None:
+    own = SessionCodeTool({"backend": "fake", "backend_config": {"stdout": "x\n"}})
+    copied = copy.deepcopy(own)  # verl's ToolListCache hands out deep copies
+    assert copied is not own
+    assert copied.sandbox is not own.sandbox
+    shared = SessionCodeTool({}, sandbox=sandbox)
+    assert copy.deepcopy(shared).sandbox is sandbox  # a sandbox passed in is shared
+    for tool in (own, copied):
+        asyncio.run(tool.aclose())
+
+
+# -- branching -------------------------------------------------------------------------------
+
+
+def test_branches_share_the_prefix_and_never_meet(sandbox: Sandbox) -> None:
+    outcome = run_branches(sandbox, ["p1", "p2"], ["a", ["b1", "b2"], "c"])
+    assert [result.stdout for result in outcome.prefix] == ["p1\n", "p1,p2\n"]
+    assert [[result.stdout for result in branch] for branch in outcome.branches] == [
+        ["p1,p2,a\n"],
+        ["p1,p2,b1\n", "p1,p2,b1,b2\n"],
+        ["p1,p2,c\n"],
+    ]
+    assert sandbox.open_sessions == 0
+
+
+def test_a_branch_whose_interpreter_ends_stops_there(sandbox: Sandbox) -> None:
+    outcome = run_branches(sandbox, "p", [["exit", "never"], ["fine"]])
+    assert [len(branch) for branch in outcome.branches] == [1, 1]
+    assert outcome.branches[0][0].detail == f"session lost: {LOST}"
+    assert outcome.branches[1][0].stdout == "p,fine\n"
+
+
+def test_concurrency_bounds_the_open_forks() -> None:
+    most = 0
+
+    async def slow(cell: FakeCell) -> str:
+        nonlocal most
+        most = max(most, box.open_sessions)
+        await asyncio.sleep(0.01)
+        return ""
+
+    with Sandbox(FakeBackend(session_handler=slow)) as box:
+        asyncio.run(arun_branches(box, "p", ["a"] * 6, concurrency=2))
+        assert most == 3  # the root and two forks
+        with pytest.raises(ValueError, match="concurrency"):
+            run_branches(box, "p", ["a"], concurrency=0)
