@@ -1,4 +1,4 @@
-"""Figures beyond the latency matrix: the fresh policy, client CPU, and pool memory.
+"""Figures beyond the latency matrix: the fresh policy, client CPU, pool memory, sessions.
 
 - **fresh, pool not drained**: sequential calls on ``docker-fresh``, each made
   only once the pool is full again (the wait is not counted), paired
@@ -9,6 +9,9 @@
   thread) over N sequential calls, divided by N; for ``fresh`` this includes
   creating and removing the replacement containers.
 - **memory**: what the warm containers of each Docker pool hold.
+- **sessions**: a warm cell against a stateless call, a multi-turn conversation
+  with and without a session, and ``fork()`` of a 100 MB session, on every
+  backend that has sessions (``retool_exec.bench.sessions``).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from retool_exec._sandbox import Sandbox
+from retool_exec.bench import sessions
 from retool_exec.bench.backends import LOCAL, bench_config, is_docker
 from retool_exec.bench.pools import read_pool_memory, settle
 from retool_exec.bench.progress import Progress
@@ -41,7 +45,7 @@ _BY_NAME = {w.name: w for w in WORKLOADS}
 
 def planned_calls(settings: BenchSettings, workload_names: Sequence[str]) -> int:
     """Calls the extra measurements make (for the progress bar)."""
-    total = settings.cpu_calls * len(settings.backends)
+    total = settings.cpu_calls * len(settings.backends) + sessions.planned_calls(settings)
     if FRESH in settings.backends:
         undrained = [n for n in UNDRAINED_WORKLOADS if n in workload_names]
         pairs = 2 if LOCAL in settings.backends else 1
@@ -158,6 +162,7 @@ async def measure_all(
             progress.phase(f"memory: {name}")
             await settle(sandbox)
             result.memory.append(await asyncio.to_thread(read_pool_memory, sandbox, name))
+    await sessions.measure_sessions(sandboxes, settings, result=result, progress=progress)
     if FRESH not in sandboxes:
         return
     names = {w.name for w in workloads}

@@ -25,6 +25,7 @@ __all__ = [
     "render_markdown_table",
     "render_text",
     "render_text_table",
+    "session_tables",
     "summary_json",
     "target_table",
     "workload_tables",
@@ -262,7 +263,122 @@ def extra_tables(result: BenchResult) -> list[Table]:
                 ],
             )
         )
+    tables.extend(session_tables(result))
     return tables
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def session_tables(result: BenchResult) -> list[Table]:
+    """The session figures (``retool_exec.bench.sessions``), where measured."""
+    if not result.sessions:
+        return []
+    problems = [f"{f.backend}: {f.error}" for f in result.sessions if f.error]
+    cells = []
+    for f in result.sessions:
+        if not f.cell_latencies:
+            continue
+        cell, call = summarize(f.cell_latencies), summarize(f.call_latencies)
+        cells.append(
+            [
+                f.backend,
+                str(cell.count),
+                fmt_ms(cell.p50),
+                fmt_ms(cell.p95),
+                fmt_ms(call.p50),
+                fmt_ms(call.p95),
+                fmt_ratio(ratio(cell.p50, call.p50)),
+                str(f.cell_failures),
+            ]
+        )
+    talks = []
+    skipped = []
+    for f in result.sessions:
+        if f.conversation_skipped:
+            skipped.append(f"{f.backend}: not run: {f.conversation_skipped}")
+        if not f.conversation_session:
+            continue
+        talks.append(
+            [
+                f.backend,
+                str(f.turns),
+                str(len(f.conversation_session)),
+                fmt_ms(_mean(f.conversation_session)),
+                fmt_ms(_mean(f.conversation_open)),
+                fmt_ms(_mean(f.conversation_close)),
+                fmt_ms(_mean(f.conversation_stateless)),
+                fmt_ratio(f.conversation_ratio),
+                str(f.conversation_failures),
+            ]
+        )
+    forks = []
+    for f in result.sessions:
+        if not f.fork_latencies:
+            continue
+        fork = summarize(f.fork_latencies)
+        forks.append(
+            [
+                f.backend,
+                str(f.fork_state_mb),
+                str(fork.count),
+                fmt_ms(fork.p50),
+                fmt_ms(fork.p95),
+                fmt_ms(fork.max),
+                str(f.fork_failures),
+            ]
+        )
+    tables = [
+        Table(
+            "sessions: print(2+3) as a cell of a warm session vs as a stateless call on the "
+            "same backend (interleaved)",
+            [
+                "backend",
+                "calls each",
+                "cell p50 ms",
+                "cell p95 ms",
+                "call p50 ms",
+                "call p95 ms",
+                "cell vs call",
+                "failures",
+            ],
+            cells,
+            [
+                *problems,
+                "seconds spent on the session figures: "
+                + ", ".join(f"{f.backend} {f.seconds:.1f}" for f in result.sessions),
+            ],
+        ),
+        Table(
+            "sessions: a sympy/numpy conversation, each turn using earlier turns' variables: "
+            "one session vs re-running turns 1..k as one stateless call per turn",
+            [
+                "backend",
+                "turns",
+                "rounds",
+                "session ms",
+                "of which open ms",
+                "close ms",
+                "stateless ms",
+                "stateless / session",
+                "failures",
+            ],
+            talks,
+            [
+                *skipped,
+                "session = open + every turn as a cell; close shown apart; "
+                "stateless = the sum of the turns' call latencies (means over the rounds)",
+            ],
+        ),
+        Table(
+            "sessions: fork() of a session holding its state (every page written), "
+            "until the copy is ready",
+            ["backend", "state MB", "forks", "p50 ms", "p95 ms", "max ms", "failures"],
+            forks,
+        ),
+    ]
+    return [t for index, t in enumerate(tables) if t.rows or (index == 0 and problems)]
 
 
 def target_table(result: BenchResult) -> Table:

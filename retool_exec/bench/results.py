@@ -24,6 +24,7 @@ __all__ = [
     "FreshSustained",
     "FreshUndrained",
     "PoolMemory",
+    "SessionFigures",
 ]
 
 SCHEMA = "retool_exec.bench/1"
@@ -178,6 +179,47 @@ class PoolMemory(_Model):
         return sum(c.working_set_bytes for c in self.containers)
 
 
+class SessionFigures(_Model):
+    """One backend's session figures (see ``retool_exec.bench.sessions``)."""
+
+    backend: str
+    error: str | None = None
+    """Why a figure is missing (no sessions, a session or fork that failed)."""
+    open_seconds: float | None = None
+    """Opening the session the warm cells and forks ran on."""
+    cell_latencies: list[float] = Field(default_factory=list)
+    """``print(2+3)`` as a cell of a warm session."""
+    call_latencies: list[float] = Field(default_factory=list)
+    """``print(2+3)`` as a stateless call on the same backend, interleaved with the cells."""
+    cell_failures: int = 0
+    turns: int = 0
+    """Turns of the conversation in this run (``--quick``: 3)."""
+    conversation_session: list[float] = Field(default_factory=list)
+    """Per round: seconds to open a session and run every turn as a cell."""
+    conversation_open: list[float] = Field(default_factory=list)
+    """Per round: the opening part of ``conversation_session``."""
+    conversation_close: list[float] = Field(default_factory=list)
+    """Per round: closing the session afterwards (not in ``conversation_session``)."""
+    conversation_stateless: list[float] = Field(default_factory=list)
+    """Per round: the sum of the latencies of the stateless calls re-running turns 1..k."""
+    conversation_failures: int = 0
+    conversation_skipped: str | None = None
+    fork_state_mb: int = 0
+    fork_latencies: list[float] = Field(default_factory=list)
+    """``fork()`` of a session holding ``fork_state_mb`` MB, to the copy being ready."""
+    fork_failures: int = 0
+    seconds: float = 0.0
+    """Wall time of all of this backend's session figures (pool settling included)."""
+
+    @property
+    def conversation_ratio(self) -> float | None:
+        """Stateless total over session total (sums over the rounds): how many times faster."""
+        session, stateless = sum(self.conversation_session), sum(self.conversation_stateless)
+        if not self.conversation_session or not self.conversation_stateless or session <= 0:
+            return None
+        return stateless / session
+
+
 class BenchResult(_Model):
     """One whole run: settings, environment, and every measurement."""
 
@@ -193,6 +235,8 @@ class BenchResult(_Model):
     fresh_sustained: FreshSustained | None = None
     cpu_per_call: list[CpuPerCall] = Field(default_factory=list)
     memory: list[PoolMemory] = Field(default_factory=list)
+    sessions: list[SessionFigures] = Field(default_factory=list)
+    """Session figures per backend (with the extras)."""
     notes: list[str] = Field(default_factory=list)
     """Warnings met during the run (a baseline that cannot import sympy, ...)."""
     summary: dict[str, Any] = Field(default_factory=dict)

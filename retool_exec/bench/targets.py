@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from retool_exec.bench.backends import LOCAL
 from retool_exec.bench.environment import missing_modules
-from retool_exec.bench.results import BenchResult, CellResult
+from retool_exec.bench.results import BenchResult, CellResult, SessionFigures
 from retool_exec.bench.stats import percentile, ratio
 from retool_exec.bench.workloads import TIMEOUT_WORKLOAD_LIMIT, WORKLOADS
 
@@ -22,6 +22,10 @@ __all__ = ["Target", "evaluate_targets"]
 
 TIMEOUT_SLACK = 1.0
 """A timed-out call must return within its timeout plus this many seconds."""
+SESSION_CELL_LIMIT = 1.0
+"""A warm session cell's p50 over the same backend's single-call p50."""
+FORK_LIMIT = 0.020
+"""Seconds: p50 of ``fork()`` for a session holding 100 MB (runc)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +182,86 @@ def _timeout_target(result: BenchResult, backend: str) -> Target:
     return Target(name, requirement, "; ".join(parts), ok)
 
 
+def _session_figures(result: BenchResult) -> tuple[str | None, SessionFigures | None]:
+    reuse = _reuse_name(result)
+    figures = next((f for f in result.sessions if f.backend == reuse), None)
+    return reuse, figures
+
+
+def _not_measured_why(reuse: str | None, figures: SessionFigures | None) -> str:
+    if reuse is None:
+        return "not measured (needs docker-reuse)"
+    if figures is None:
+        return "not measured (no session figures: run with the extras)"
+    return f"not measured: {figures.error}" if figures.error else "not measured"
+
+
+def _session_cell_target(result: BenchResult) -> Target:
+    requirement = (
+        f"reuse, a cell in a warm session, print(2+3): p50 <= {SESSION_CELL_LIMIT:g} x "
+        "the reuse single-call p50 (interleaved)"
+    )
+    name = "reuse session cell p50"
+    reuse, figures = _session_figures(result)
+    if figures is None or not figures.cell_latencies or not figures.call_latencies:
+        return Target(name, requirement, _not_measured_why(reuse, figures), None)
+    cell = percentile(figures.cell_latencies, 50)
+    call = percentile(figures.call_latencies, 50)
+    value = ratio(cell, call)
+    measured = f"session cell p50 {_ms(cell)} vs {reuse} call p50 {_ms(call)}" + (
+        f" = {value:.2f} x" if value is not None else ""
+    )
+    if figures.cell_failures:
+        return Target(name, requirement, f"{measured}; {figures.cell_failures} failed", False)
+    return Target(name, requirement, measured, value is not None and value <= SESSION_CELL_LIMIT)
+
+
+def _conversation_target(result: BenchResult) -> Target:
+    reuse, figures = _session_figures(result)
+    turns = figures.turns if figures is not None else 10
+    requirement = (
+        f"reuse, {turns}-turn sympy/numpy conversation: a session (open + cells) takes less "
+        "time than re-running the earlier turns as stateless calls (ratio > 1)"
+    )
+    name = "reuse session conversation"
+    if figures is None or figures.conversation_ratio is None:
+        why = _not_measured_why(reuse, figures)
+        if figures is not None and figures.conversation_skipped:
+            why = f"not measured: {figures.conversation_skipped}"
+        return Target(name, requirement, why, None)
+    rounds = len(figures.conversation_session)
+    session = sum(figures.conversation_session) / rounds
+    stateless = sum(figures.conversation_stateless) / len(figures.conversation_stateless)
+    value = figures.conversation_ratio
+    assert value is not None
+    measured = (
+        f"session {_ms(session)} vs stateless {_ms(stateless)} per conversation "
+        f"(mean of {rounds}) = {value:.1f} x faster"
+    )
+    if figures.conversation_failures:
+        return Target(
+            name, requirement, f"{measured}; {figures.conversation_failures} failed", False
+        )
+    return Target(name, requirement, measured, value > 1.0)
+
+
+def _fork_target(result: BenchResult) -> Target:
+    reuse, figures = _session_figures(result)
+    mb = figures.fork_state_mb if figures is not None and figures.fork_state_mb else 100
+    requirement = f"reuse (runc), fork() of a session holding {mb} MB: p50 <= {_ms(FORK_LIMIT)}"
+    name = "reuse session fork p50"
+    if figures is None or not figures.fork_latencies:
+        return Target(name, requirement, _not_measured_why(reuse, figures), None)
+    p50 = percentile(figures.fork_latencies, 50)
+    measured = (
+        f"fork p50 {_ms(p50)}, max {_ms(max(figures.fork_latencies))} "
+        f"over {len(figures.fork_latencies)} forks"
+    )
+    if figures.fork_failures:
+        return Target(name, requirement, f"{measured}; {figures.fork_failures} failed", False)
+    return Target(name, requirement, measured, p50 <= FORK_LIMIT)
+
+
 def evaluate_targets(result: BenchResult) -> list[Target]:
     """Every target with its measured value and verdict, in the order the issue lists them."""
     targets = [
@@ -188,4 +272,5 @@ def evaluate_targets(result: BenchResult) -> list[Target]:
         _throughput_target(result),
     ]
     targets.extend(_timeout_target(result, name) for name in result.settings.backends)
+    targets += [_session_cell_target(result), _conversation_target(result), _fork_target(result)]
     return targets

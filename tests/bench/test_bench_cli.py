@@ -87,6 +87,13 @@ def test_bench_quick_local_only(tmp_path: Path, capsys: pytest.CaptureFixture[st
     for cell in data["cells"]:  # type: ignore[attr-defined]
         if cell["workload"] in {"print", "error", "timeout", "sleep", "flood"}:
             assert cell["failures"] == 0, cell["failure_examples"]
+    sessions = data["sessions"]
+    assert isinstance(sessions, list) and len(sessions) == 1
+    figures = sessions[0]
+    assert figures["backend"] == "local" and figures["error"] is None, figures["error"]
+    assert len(figures["cell_latencies"]) == len(figures["call_latencies"]) == 10
+    assert len(figures["fork_latencies"]) == 5 and figures["fork_failures"] == 0
+    assert "== sessions: print(2+3) as a cell of a warm session" in text
 
 
 @pytest.mark.docker
@@ -111,6 +118,15 @@ def test_bench_quick_local_and_docker(tmp_path: Path, capsys: pytest.CaptureFixt
     assert isinstance(memory, list)
     assert memory[0]["containers"], memory
     assert all(c["usage_bytes"] > 0 for c in memory[0]["containers"])
+    docker = next(f for f in data["sessions"] if f["backend"] == "docker")  # type: ignore[attr-defined]
+    assert docker["error"] is None, docker["error"]
+    assert docker["turns"] == 3 and len(docker["conversation_session"]) == 1  # --quick
+    assert docker["conversation_failures"] == docker["fork_failures"] == 0
+    assert len(docker["fork_latencies"]) == 5
+    summary = data["summary"]
+    assert isinstance(summary, dict)
+    names = {t["name"]: t["verdict"] for t in summary["targets"]}
+    assert names["reuse session conversation"] != "NOT MEASURED"
 
 
 def test_plot_without_matplotlib_says_what_to_install(
