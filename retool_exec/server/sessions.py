@@ -314,12 +314,21 @@ class SessionService:
         return SessionCreated(session_id=session_id, ttl=self.ttl)
 
     async def _end(self, entry: _Entry) -> None:
-        """The interpreter is gone: remember why (410) and release what it held."""
+        """The interpreter is gone: remember why and release what it held.
+
+        Lost on its own: 410. Already closed, which only the sandbox does behind the
+        server's back (idle past ``session_ttl`` while its cell waited for a slot, say):
+        expired, 404.
+        """
         if entry.ended is None:
+            expired = entry.session.closed
             entry.ended = entry.session.lost or "the session ended"
-            entry.status = 410
+            entry.status = 404 if expired else 410
             entry.ended_at = time.monotonic()
-            self.lost += 1
+            if expired:
+                self.expired += 1
+            else:
+                self.lost += 1
         await _close(entry.session)
 
     def _gone(self, entry: _Entry) -> RequestRejected:

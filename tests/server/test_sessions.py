@@ -476,3 +476,17 @@ def test_ended_sessions_are_remembered_within_a_bound(
         for session_id in ids
     ]
     assert statuses == [404, 410, 410]  # the oldest ended one is forgotten first
+
+
+def test_a_session_that_expires_while_its_cell_waits_is_404() -> None:
+    settings = ServerSettings(max_concurrency=1, max_queue=4)
+    with fake_server(settings, session_ttl=1.0) as (base, _), httpx.Client(timeout=30) as http:
+        busy, waiting = open_session(base, http), open_session(base, http)
+        with ThreadPoolExecutor(1) as pool:
+            slow = pool.submit(http.post, f"{base}/sessions/{busy}/run", json={"code": "sleep 2.5"})
+            time.sleep(0.3)
+            late = http.post(f"{base}/sessions/{waiting}/run", json={"code": "show"})
+            assert slow.result().status_code == 200
+        assert late.status_code == 404
+        assert "idle for more than 1 s" in late.json()["detail"]
+        assert http.get(f"{base}/v1/metrics").json()["server/sessions_expired"] == 1.0
