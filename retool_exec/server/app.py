@@ -15,6 +15,8 @@ as well as ``/run_code``). HTTP statuses: 200 for every outcome of the code,
 including the sandbox failing (``"status": "SandboxError"``); 400/413/422
 for a request that cannot be served as given (the message says why); 401
 without the token; 504 only when the server is full (clients retry on it).
+The session endpoints add 201/204 and their own 403/404/409/410/429/501/503
+(see ``sessions.py``).
 
 Bodies are parsed here, not by FastAPI's parameter machinery, so any content
 type is read as JSON (``curl -d`` sends a form type) and a broken body gets
