@@ -210,11 +210,6 @@ def test_deleting_a_session_releases_its_container(
 
 
 @pytest.mark.docker
-@pytest.mark.xfail(
-    strict=False,
-    reason="docker backend: a family whose last session was lost (os._exit, a kill) keeps "
-    "its container until the Sandbox closes; close() of a lost DockerSession does nothing",
-)
 def test_a_lost_session_releases_its_container(
     counted: tuple[str, Any], client: httpx.Client
 ) -> None:

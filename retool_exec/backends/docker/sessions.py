@@ -92,6 +92,13 @@ class SessionFamily:
                 await self.backend.destroy_session_container(container)
                 raise
 
+    async def forget(self, sid: int) -> None:
+        """A session the agent reported gone; the family ends with its last session."""
+        self.sessions.discard(sid)
+        if not self.sessions and self.lost is None:
+            self.lost = "the session family ended"
+            await self.backend.destroy_session_container(self.container)
+
     async def close_session(self, sid: int) -> None:
         self.sessions.discard(sid)
         if self.lost is None:
@@ -132,7 +139,7 @@ class DockerSession(SessionHandle):
     @property
     def lost(self) -> str | None:
         if self.sid in self.family.sessions:
-            return self.family.lost
+            return self._lost or self.family.lost
         return self._lost or self.family.lost or "the session was closed"
 
     @lost.setter
@@ -165,7 +172,10 @@ class DockerSession(SessionHandle):
             return ExecResult.sandbox_failure(
                 f"session lost: {lost}", backend=self.name, latency=time.perf_counter() - started
             )
-        return self._result(reply, started)
+        result = self._result(reply, started)
+        if reply.get("lost"):
+            await self.family.forget(self.sid)
+        return result
 
     def _result(self, reply: dict[str, Any], started: float) -> ExecResult:
         limit = self.family.backend.config.max_output_chars
@@ -181,7 +191,6 @@ class DockerSession(SessionHandle):
         returncode = None if timed_out or raw is None else int(raw)
         oom = bool(reply.get("oom"))
         if lost:
-            self.family.sessions.discard(self.sid)
             self._lost = str(lost)
             if returncode is None and not timed_out and not oom:
                 returncode = -9  # ended by a signal the agent could not attribute
