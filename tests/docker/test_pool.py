@@ -23,9 +23,9 @@ def _record_containers(sandbox: Sandbox) -> list[str]:
     seen: list[str] = []
     original = backend._call
 
-    async def recording(container: SandboxContainer, request: Any) -> dict[str, Any]:
+    async def recording(container: SandboxContainer, request: Any, *rest: Any) -> dict[str, Any]:
         seen.append(container.id)
-        return await original(container, request)
+        return await original(container, request, *rest)
 
     backend._call = recording  # type: ignore[method-assign]
     return seen
