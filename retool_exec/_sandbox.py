@@ -130,6 +130,7 @@ class Sandbox:
         stdin: str | bytes | None = None,
         files: Mapping[str, str | bytes] | None = None,
         fetch: Iterable[str] = (),
+        script: str | None = None,
     ) -> ExecResult:
         """Run ``code`` and wait for its result (from any thread).
 
@@ -139,10 +140,19 @@ class Sandbox:
         its working directory first and ``fetch`` names files read back after
         it ends (``ExecResult.files``). The backend handles all three outside
         the code's process: nothing the code prints can change them.
+        ``script`` runs the code as ``python SCRIPT`` would (``__file__`` and
+        ``sys.argv[0]`` name that file in the working directory).
         """
         submitted = time.perf_counter()
         request_or_result = self._prepare(
-            code, submitted, timeout, memory_mb, stdin=stdin, files=files, fetch=fetch
+            code,
+            submitted,
+            timeout,
+            memory_mb,
+            stdin=stdin,
+            files=files,
+            fetch=fetch,
+            script=script,
         )
         if isinstance(request_or_result, ExecResult):
             return request_or_result
@@ -165,11 +175,19 @@ class Sandbox:
         stdin: str | bytes | None = None,
         files: Mapping[str, str | bytes] | None = None,
         fetch: Iterable[str] = (),
+        script: str | None = None,
     ) -> ExecResult:
         """Run ``code`` without blocking the caller's event loop (any loop, any thread)."""
         submitted = time.perf_counter()
         request_or_result = self._prepare(
-            code, submitted, timeout, memory_mb, stdin=stdin, files=files, fetch=fetch
+            code,
+            submitted,
+            timeout,
+            memory_mb,
+            stdin=stdin,
+            files=files,
+            fetch=fetch,
+            script=script,
         )
         if isinstance(request_or_result, ExecResult):
             return request_or_result
@@ -401,6 +419,7 @@ class Sandbox:
         stdin: str | bytes | None = None,
         files: Mapping[str, str | bytes] | None = None,
         fetch: Iterable[str] = (),
+        script: str | None = None,
         auto_print: bool | None = None,
     ) -> RunRequest | ExecResult:
         """Validate input in the caller's thread: a bad type raises, bad content is a result.
@@ -446,6 +465,7 @@ class Sandbox:
                 stdin=_as_bytes(stdin) if stdin is not None else None,
                 files={path: _as_bytes(data) for path, data in (files or {}).items()},
                 fetch=tuple(fetch),
+                script=script,
             )
         except ValueError as exc:
             raise ConfigError(f"bad call input: {exc}") from exc

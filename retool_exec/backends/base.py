@@ -44,6 +44,10 @@ class RunRequest:
     """Files written into the working directory before the code starts."""
     fetch: tuple[str, ...] = ()
     """Files read back from the working directory after the code ends (``ExecResult.files``)."""
+    script: str | None = None
+    """Run the code as ``python SCRIPT`` would: the file (relative to the working directory)
+    holds the code, and ``__file__`` and ``sys.argv[0]`` name it. Tracebacks still say
+    ``<sandbox>``. None: as ``python -c`` (the seed's way)."""
     cells: tuple[str, ...] = ()
     """Notebook mode: run these cells in order in one interpreter (``code`` must be empty).
 
@@ -67,6 +71,12 @@ class RunRequest:
         object.__setattr__(self, "cells", tuple(self.cells))
         object.__setattr__(self, "files", wire.check_uploads(dict(self.files)))
         object.__setattr__(self, "fetch", wire.check_fetch(tuple(self.fetch)))
+        if self.script is not None:
+            object.__setattr__(self, "script", wire.check_relative_path(self.script))
+            if self.script in self.files:
+                raise ValueError(f"the script {self.script!r} is also one of the files")
+            if self.cells:
+                raise ValueError("a script is run as code, not as notebook cells")
 
     @property
     def cpu_seconds(self) -> int:

@@ -118,6 +118,7 @@ _BOOTSTRAP = (
     "    import os, resource, sys\n"
     "    resource.setrlimit(resource.RLIMIT_CPU, ({cpu}, {cpu}))\n"
     "    source = sys.stdin.buffer.read()\n"
+    "    {script}\n"
     "    fd = {stdin_fd}\n"
     "    if fd < 0:\n"
     "        fd = os.open(os.devnull, os.O_RDONLY)\n"
@@ -497,7 +498,10 @@ class LocalSubprocessBackend(Backend):
         started = time.perf_counter()
         with contextlib.ExitStack() as cleanup:
             try:
-                workdir = _Workdir.create(request.files) if request.files or request.fetch else None
+                files = dict(request.files)
+                if request.script is not None:  # the code is also a file there
+                    files[request.script] = request.code.encode("utf-8", "surrogatepass")
+                workdir = _Workdir.create(files) if files or request.fetch else None
             except OSError as exc:
                 return _failure(f"could not write the call's files: {exc}", started)
             if workdir is not None:
@@ -526,8 +530,14 @@ class LocalSubprocessBackend(Backend):
     ) -> ExecResult:
         loop = asyncio.get_running_loop()
         capture = _Capture(loop, read_cap_bytes(self.config.max_output_chars))
+        script = "pass"
+        if request.script is not None and workdir is not None:  # as `python SCRIPT` would
+            path = os.path.join(workdir.path, request.script)
+            script = f"sys.argv[:] = [{path!r}]; globals()['__file__'] = {path!r}"
         bootstrap = _BOOTSTRAP.format(
-            cpu=request.cpu_seconds, stdin_fd=-1 if stdin is None else stdin.fileno()
+            cpu=request.cpu_seconds,
+            stdin_fd=-1 if stdin is None else stdin.fileno(),
+            script=script,
         )
         try:
             transport, _ = await loop.subprocess_exec(

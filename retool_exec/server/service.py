@@ -25,7 +25,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 
 from retool_exec._errors import ConfigError
 from retool_exec._models import ExecResult, Outcome
@@ -104,8 +104,11 @@ class SandboxService:
         memory = self.clamp_memory(request.memory_limit_MB)
         stdin = None if request.stdin is None else request.stdin.encode("utf-8", "replace")
         self._check_size(request.code)
+        script = script_name(files.uploads)
         with _bad_input():  # checked here, so a bad input is a 400 and never queues
-            RunRequest(code=request.code, timeout=timeout, stdin=stdin, files=files.uploads)
+            RunRequest(
+                code=request.code, timeout=timeout, stdin=stdin, files=files.uploads, script=script
+            )
         result = await self._run(
             lambda: self.sandbox.arun_code(
                 request.code,
@@ -114,6 +117,7 @@ class SandboxService:
                 stdin=stdin,
                 files=files.uploads,
                 fetch=files.fetch_paths,
+                script=script,
             ),
             wait=self.queue_budget(request.compile_timeout, request.run_timeout, timeout),
             gone=gone,
@@ -367,3 +371,13 @@ def _bad_input() -> Iterator[None]:
 def _no_cells() -> ExecResult:
     """The result of a notebook without cells: nothing ran, nothing failed."""
     return ExecResult(True, "", "", 0, False, 0.0)
+
+
+SCRIPT_NAMES = ("main.py", "_retool_main.py", "_retool_main_.py")
+"""What ``/run_code`` calls the code's file: SandboxFusion runs ``python FILE``, so code may
+read ``__file__`` or ``sys.argv[0]``. The first name no uploaded file takes."""
+
+
+def script_name(uploads: Mapping[str, bytes]) -> str | None:
+    """The script's file name for a request with these uploads (None: all taken)."""
+    return next((name for name in SCRIPT_NAMES if name not in uploads), None)

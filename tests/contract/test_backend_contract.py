@@ -74,6 +74,23 @@ class TestBackendContract:
         )
         assert (result.outcome, result.stdout) == (Outcome.SUCCESS, "127.0.0.1 ping\n"), result
 
+    def test_a_script_names_a_real_file_as_python_file_py_would(self, sandbox: Sandbox) -> None:
+        """``__file__`` and ``sys.argv[0]`` name the script, which holds the code (issue 12.12)."""
+        code = (
+            "import os, sys\n"
+            "print(os.path.basename(__file__), sys.argv[0] == __file__, len(sys.argv))\n"
+            "print(open(__file__).read() == open(sys.argv[0]).read() and 'import os' in "
+            "open(__file__).read())\n"
+            "print(os.path.dirname(__file__) == os.getcwd())\n"
+        )
+        result = run_request(sandbox, RunRequest(code=code, timeout=10, script="main.py"))
+        assert (result.outcome, result.stdout) == (
+            Outcome.SUCCESS,
+            "main.py True 1\nTrue\nTrue\n",
+        ), result
+        plain = sandbox.run_code("print('__file__' in globals())")
+        assert plain.stdout == "False\n"  # the seed's way (python -c) is unchanged
+
     def test_runtime_error_gives_a_traceback_in_sandbox_file(self, sandbox: Sandbox) -> None:
         result = sandbox.run_code("x = 1\nprint(1 / 0)")
         assert not result.ok

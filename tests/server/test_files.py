@@ -42,7 +42,7 @@ def test_round_trip(local_url: str, client: httpx.Client) -> None:
 def test_code_runs_in_a_fresh_directory_it_can_list(local_url: str, client: httpx.Client) -> None:
     body = verl_body("import os\nprint(sorted(os.listdir('.')))", files={"only.txt": b64(b"1")})
     stdout = client.post(f"{local_url}/run_code", json=body).json()["run_result"]["stdout"]
-    assert stdout == "['only.txt']\n"
+    assert stdout == "['main.py', 'only.txt']\n"  # the code's own file, as SandboxFusion's
 
 
 def test_files_are_fetched_even_after_an_exception(local_url: str, client: httpx.Client) -> None:

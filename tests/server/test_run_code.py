@@ -183,3 +183,10 @@ def test_openapi_documents_the_bodies(local_url: str, client: httpx.Client) -> N
     assert {"/run_code", "/run_jupyter", "/v1/exec", "/v1/ping"} <= set(schema["paths"])
     body = schema["paths"]["/run_code"]["post"]["requestBody"]["content"]["application/json"]
     assert "memory_limit_MB" in body["schema"]["properties"]
+
+
+def test_code_runs_as_a_script_like_sandboxfusion(local_url: str, client: httpx.Client) -> None:
+    """SandboxFusion runs ``python FILE``: ``__file__`` and ``sys.argv[0]`` name a real file."""
+    code = "import os, sys\nprint(os.path.basename(__file__), sys.argv[0] == __file__)"
+    body = client.post(f"{local_url}/run_code", json={"code": code}).json()
+    assert body["run_result"]["stdout"] == "main.py True\n", body

@@ -243,8 +243,12 @@ class DockerBackend(Backend):
             frame["memory_mb"] = min(request.memory_mb, self.config.memory_mb)
         if request.stdin is not None:
             frame["stdin"] = wire.b64encode(request.stdin)
-        if request.files:
-            frame["files"] = [[path, wire.b64encode(data)] for path, data in request.files.items()]
+        files = dict(request.files)
+        if request.script is not None:  # the code is also a file there, as with `python FILE`
+            files[request.script] = request.code.encode("utf-8", "surrogatepass")
+            frame["script"] = request.script
+        if files:
+            frame["files"] = [[path, wire.b64encode(data)] for path, data in files.items()]
         if request.fetch:
             frame["fetch"] = list(request.fetch)
             frame["fetch_cap"] = wire.MAX_FETCH_BYTES

@@ -419,6 +419,7 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
         "cpu_seconds": request.get("cpu_seconds", 35),
         "memory_mb": request.get("memory_mb"),
         "stdin": request.get("stdin"),
+        "script": request.get("script"),
     }
     child.request.sendall(wire.encode_frame(to_child))
     for fd in (child.out_r, child.err_r, child.events_r):

@@ -268,7 +268,10 @@ def child_main(events_w: int, request_r: int, out_w: int, err_w: int) -> None:
             status = run_cells(request_sock, int(request["cells"]))
         else:
             request_sock.close()
-            status = run_user_code(str(request["code"]))
+            script = request.get("script")
+            status = run_user_code(
+                str(request["code"]), script if isinstance(script, str) else None
+            )
     finally:
         os._exit(status)
 
@@ -366,9 +369,13 @@ def _fresh_main() -> dict[str, Any]:
     return main.__dict__
 
 
-def run_user_code(source: str) -> int:
+def run_user_code(source: str, script: str | None = None) -> int:
     _std_streams()
     namespace = _fresh_main()
+    if script is not None:  # as `python SCRIPT`: the file is in the working directory
+        path = os.path.join(wire.WORKDIR, wire.check_relative_path(script))
+        sys.argv = [path]
+        namespace["__file__"] = path
     status = 0
     try:
         code = compile(source, "<sandbox>", "exec")
