@@ -198,7 +198,7 @@ def _not_measured_why(reuse: str | None, figures: SessionFigures | None) -> str:
 
 def _session_cell_target(result: BenchResult) -> Target:
     requirement = (
-        f"reuse, a cell in a warm session, print(2+3): p50 <= {SESSION_CELL_LIMIT:g} x "
+        f"reuse, a cell in a warm session, print(2+3): p50 <= {SESSION_CELL_LIMIT:.1f} x "
         "the reuse single-call p50 (interleaved)"
     )
     name = "reuse session cell p50"
