@@ -30,7 +30,7 @@ from retool_exec.cli._common import (
 
 __all__ = ["main"]
 
-SUBCOMMANDS = ("run", "image", "doctor", "gc", "audit", "bench", "serve")
+SUBCOMMANDS = ("run", "image", "doctor", "gc", "audit", "bench", "serve", "mcp")
 
 _DESCRIPTION = """\
 Run untrusted, model-written Python safely and fast.
