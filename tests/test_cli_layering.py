@@ -55,6 +55,12 @@ def test_only_the_cli_imports_the_server() -> None:
     assert not offenders
 
 
+def test_only_the_cli_imports_the_mcp_server_and_only_it_the_sdk() -> None:
+    """``import retool_exec`` works without the ``[mcp]`` extra."""
+    assert _importers("retool_exec.mcp_server", outside="cli/") == set()
+    assert _importers("mcp", outside="mcp_server.py") <= {"cli/cmd_mcp.py"}  # type-only there
+
+
 def test_no_library_module_imports_the_benchmark() -> None:
     offenders = _importers("retool_exec.bench", outside="bench/") - {"cli/cmd_bench.py"}
     assert not offenders
