@@ -5,6 +5,7 @@ behind (no interpreter, no container). Hosts other than 127.0.0.1 are refused.""
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import re
 import signal
@@ -12,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -79,8 +81,41 @@ async def talk_over(url: str) -> list[CallToolResult]:
         return [ran, opened, pid]
 
 
+def post_initialize(url: str, headers: dict[str, str]) -> int:
+    """The status of an initialize request sent with ``headers`` (a browser's, say)."""
+    parts = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=30)
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "test", "version": "1"},
+        },
+    }
+    try:
+        connection.request(
+            "POST",
+            parts.path,
+            body=json.dumps(body),
+            headers={
+                "Content-Type": "application/json",
+                "Accept": "application/json, text/event-stream",
+                **headers,
+            },
+        )
+        return connection.getresponse().status
+    finally:
+        connection.close()
+
+
 def test_http_serves_the_sdk_client_then_stops_leaving_nothing() -> None:
     with http_server("--backend", "local") as (url, proc):
+        # DNS rebinding: a page elsewhere that resolves its name to 127.0.0.1 is refused.
+        assert post_initialize(url, {"Host": "evil.example"}) == 421
+        assert post_initialize(url, {"Origin": "http://evil.example"}) == 403
         ran, _, pid = asyncio.run(talk_over(url))
         assert text(ran) == "42\n"
         assert fields(ran)["outcome"] == "success"
