@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from retool_exec._sandbox import DEFAULT_SESSION_TTL, Sandbox
 from retool_exec.backends.config import BackendConfigBase
+from retool_exec.backends.registry import backend_spec
 from retool_exec.cli._common import (
     EXIT_INTERRUPTED,
     EXIT_STATUS_HELP,
@@ -107,7 +108,7 @@ def register(subparsers: Any) -> None:
         type=int,
         default=DEFAULT_MAX_SESSIONS,
         metavar="N",
-        help=f"sessions open at once, forks included ({DEFAULT_MAX_SESSIONS})",
+        help=f"sessions open at once, forks included; 0: no session tools ({DEFAULT_MAX_SESSIONS})",
     )
     parser.add_argument(
         "--session-ttl",
@@ -126,7 +127,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--docker-host", default=None, metavar="URL", help="docker: daemon address (DOCKER_HOST)"
     )
-    parser.add_argument("--log-level", default="warning", help="log level on stderr (warning)")
+    parser.add_argument(
+        "--log-level",
+        default="warning",
+        choices=("debug", "info", "warning", "error", "critical"),
+        help="what is logged on stderr (warning)",
+    )
     add_settings_options(parser)
     parser.set_defaults(handler=_handle)
 
@@ -184,7 +190,17 @@ def _handle(args: argparse.Namespace) -> int:
                 f"the default timeout ({sandbox.timeout:g} s) is more than --max-timeout "
                 f"({max_timeout:g} s)"
             )
-        tools = SandboxTools(sandbox, max_timeout=max_timeout, sessions=not args.no_sessions)
+        if not backend_spec(args.backend).isolating:
+            print(
+                f"retool-exec mcp: warning: the {args.backend} backend does NOT isolate "
+                "the code it runs",
+                file=sys.stderr,
+            )
+        tools = SandboxTools(
+            sandbox,
+            max_timeout=max_timeout,
+            sessions=not args.no_sessions and args.max_sessions > 0,
+        )
         server = tools.server(log_level=args.log_level)
         if args.http is None:
             return _serve_stdio(server, sandbox)

@@ -43,9 +43,11 @@ def http_server(*args: str) -> Iterator[tuple[str, subprocess.Popen[str]]]:
     )
     try:
         assert proc.stderr is not None
-        line = proc.stderr.readline().strip()
-        match = URL_LINE.search(line)
-        assert match, f"no URL on stderr: {line!r}"
+        said = [proc.stderr.readline().strip() for _ in range(2 if "local" in args else 1)]
+        match = URL_LINE.search(said[-1])
+        assert match, f"no URL on stderr: {said!r}"
+        if "local" in args:
+            assert "the local backend does NOT isolate the code it runs" in said[0]
         yield match.group(1), proc
     finally:
         if proc.poll() is None:
@@ -226,7 +228,7 @@ def test_a_port_in_use_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        assert main(["mcp", "--backend", "local", "--http", str(port)]) == 69
+        assert main(["mcp", "--backend", "docker", "--http", str(port)]) == 69
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert f"cannot listen on 127.0.0.1:{port}" in err
