@@ -1,9 +1,11 @@
-"""Session cases without Docker: the runner's steps on the fake backend, and what the
-forged-cell predicate does and does not promise (the real runs are in test_security_corpus)."""
+"""Session cases: the runner's steps on the fake backend, what the forged-cell predicate
+does and does not promise, and (Docker) weakened scripts of each case getting the verdict
+they should, which shows each case can fail. The real runs are in test_security_corpus."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 from collections.abc import Callable
 
@@ -24,8 +26,10 @@ from retool_exec.security import (
     Observation,
     Status,
     run_case,
+    with_audit_limits,
 )
-from retool_exec.security.model import StepAction
+from retool_exec.security.model import SessionStep, StepAction
+from tests.conftest import backend_config, require_docker
 
 pytestmark = pytest.mark.security
 
@@ -206,3 +210,119 @@ def test_an_explicitly_lost_session_forges_nothing() -> None:
 )
 def test_a_forged_or_shifted_record_is_exposed(first: ExecResult, second: ExecResult) -> None:
     assert not _judge(first, second)
+
+
+# -- the Docker cases can fail: weakened scripts of them are exposed ---------------------------
+
+_TO_PARENT = "    os.chdir(os.path.join(os.path.dirname(os.getcwd()), 'session-1'))\n"
+
+
+def _weakened() -> list[tuple[Case, Status]]:
+    """Each case with its isolation taken away (and the forgery case's control): the
+    verdict each must get on Docker, which shows the predicate reads a real invariant."""
+    from retool_exec.security.cases import sessions as s
+
+    def script(case_id: str, *steps: SessionStep) -> Case:
+        return dataclasses.replace(_case(case_id), id=f"{case_id}-weakened", session_steps=steps)
+
+    skip_fd_3 = s._FORGE.replace(
+        "        fd = int(entry)\n",
+        "        fd = int(entry)\n        if fd == 3:\n            continue\n",
+    )
+    back_home = "\n    os.chdir(os.path.join(os.path.dirname(os.getcwd()), 'session-2'))\n"
+    return [
+        # B is a fork of A, not a family of its own: same container, same /tmp
+        (
+            script(
+                "iso-session-other-family",
+                s._open("a"),
+                s._fork("a", "b"),
+                s._cell("a", "plant", s._PLANT),
+                s._cell("b", "attack", s._SEARCH, timeout=15),
+                s._cell("a", "alive", s._PLANT_ALIVE),
+            ),
+            Status.EXPOSED,
+        ),
+        # no fork: the parent makes the changes itself
+        (
+            script(
+                "iso-session-fork-private",
+                s._open("p"),
+                s._cell("p", "setup", s._SETUP),
+                s._fork("p", "c2"),
+                s._cell("p", "attack", s._CHANGE),
+                s._cell("p", "parent", s._LOOK),
+                s._cell("c2", "sibling", s._LOOK),
+            ),
+            Status.EXPOSED,
+        ),
+        # the fork writes its parent's files by absolute path (not separated in a family)
+        (
+            script(
+                "iso-session-fork-private",
+                s._open("p"),
+                s._cell("p", "setup", s._SETUP),
+                s._fork("p", "c1"),
+                s._fork("p", "c2"),
+                s._cell(
+                    "c1",
+                    "attack",
+                    _TO_PARENT + s._CHANGE.replace("\n    report(", back_home + "    report("),
+                ),
+                s._cell("p", "parent", s._LOOK),
+                s._cell("c2", "sibling", s._LOOK),
+            ),
+            Status.EXPOSED,
+        ),
+        # the "next family" is a fork of the first, whose container lives on
+        (
+            script(
+                "iso-session-family-end",
+                s._open("a"),
+                s._cell("a", "plant", s._LEAVE),
+                s._fork("a", "b"),
+                s._cell("b", "attack", s._LOOK_LEFT),
+            ),
+            Status.EXPOSED,
+        ),
+        # control: the same forger leaving fd 3 alone (its thread's lines are allowed)
+        (
+            script(
+                "proto-session-forged-cell",
+                s._open("s"),
+                s._cell("s", "attack", skip_fd_3),
+                s._cell("s", "victim-1", s._VICTIM_1),
+                s._cell("s", "victim-2", s._VICTIM_2),
+            ),
+            Status.CONTAINED,
+        ),
+        # a cell that stops on KeyboardInterrupt: the session rightly lives on
+        (
+            script(
+                "res-session-ignores-interrupt",
+                s._open("s"),
+                s._cell("s", "setup", "value = 41\nreport(ready=True)\n"),
+                s._cell("s", "attack", "n = 0\nwhile True:\n    n += 1\n", timeout=2.0),
+                s._cell("s", "after", "print(value + 1)\n"),
+                SessionStep(StepAction.FORK, "s2", parent="s", name="fork-after"),
+            ),
+            Status.EXPOSED,
+        ),
+    ]
+
+
+@pytest.mark.docker
+def test_weakened_session_cases_get_the_verdict_they_should() -> None:
+    require_docker()
+    config = with_audit_limits(backend_config("docker-reuse", timeout=5.0))
+
+    async def go() -> list[tuple[CaseReport, Status]]:
+        with HostFixtures() as host:
+            async with Sandbox(config, timeout=5.0) as sandbox:
+                return [
+                    (await run_case(sandbox, case, host, backend="docker-reuse"), want)
+                    for case, want in _weakened()
+                ]
+
+    for report, want in asyncio.run(go()):
+        assert report.status is want, report.describe()
