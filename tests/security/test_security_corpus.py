@@ -24,15 +24,7 @@ pytestmark = pytest.mark.security
 # signals under gVisor, POSIX queues and the inode cap under gVisor were listed
 # here until the agent got its own uid and the calls their own seccomp layer;
 # see docs/security.md.)
-_FORGED_CELL = (
-    "known hole: the supervisor takes any cell_end event on a session's events pipe "
-    "(fd 3, which the cell can write) as the running cell's end, so a cell's fake events "
-    "end it early and the next cells get stale records (agent/sessions.py run_cell)"
-)
-KNOWN_HOLES: dict[tuple[str, str], str] = {
-    (backend, "proto-session-forged-cell"): _FORGED_CELL
-    for backend in ("docker-fresh", "docker-reuse", "docker-runsc")
-}
+KNOWN_HOLES: dict[tuple[str, str], str] = {}
 
 
 class CaseExposed(AssertionError):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import array
 import os
+import secrets
 import select
 import signal
 import socket
@@ -189,6 +190,16 @@ def _wait_for(process: SessionProcess, kind: str) -> dict[str, Any] | None:
     return None
 
 
+def _discard_stale_events(process: SessionProcess) -> None:
+    """Before a cell: drop what earlier cells left on the events pipe, and any half frame."""
+    try:
+        while os.read(process.events_r, sv.CHUNK):
+            pass
+    except OSError:
+        pass  # BlockingIOError: nothing more (the pipe is non-blocking)
+    process.events = wire.FrameDecoder(max_frame=1 << 20)
+
+
 def _collect(pid: int, wait: float = 0.5) -> int | None:
     """The wait status of a session process that ended, if known within ``wait`` seconds.
 
@@ -243,10 +254,13 @@ def run_cell(sid: int, request: dict[str, Any]) -> dict[str, Any]:
     started = time.monotonic()
     deadline = started + timeout
     oom_before = sv.oom_kills()
+    _discard_stale_events(process)
+    token = secrets.token_hex(16)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     try:
-        _send(process, {"type": "cell", "code": str(request.get("code", ""))}, [out_w, err_w])
+        cell_frame = {"type": "cell", "code": str(request.get("code", "")), "token": token}
+        _send(process, cell_frame, [out_w, err_w])
     except OSError as exc:
         process.lost = f"the session's process is gone ({exc})"
     finally:
@@ -288,8 +302,8 @@ def run_cell(sid: int, request: dict[str, Any]) -> dict[str, Any]:
                     continue
                 try:
                     for event in process.events.feed(data):
-                        if event.get("type") == "cell_end":
-                            cell = event
+                        if event.get("type") == "cell_end" and event.get("token") == token:
+                            cell = event  # any other end (forged, stale) is ignored
                 except wire.WireError:
                     process.lost = "the session's process broke its event stream"
             elif fd in open_pipes:

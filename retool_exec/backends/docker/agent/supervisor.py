@@ -34,6 +34,7 @@ import ctypes
 import errno
 import json
 import os
+import secrets
 import select
 import signal
 import socket
@@ -426,6 +427,7 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
         os.set_blocking(fd, False)  # a stale poll event (reused number) must never block
 
     events = wire.FrameDecoder(max_frame=1 << 20)
+    cell_token = ""
     tails = {child.out_r: Tail(cap), child.err_r: Tail(cap)}
     open_pipes = {child.out_r, child.err_r}
     poller = select.poll()
@@ -446,7 +448,18 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
             drain_pipe(fd, tails, open_pipes, poller, close=True)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        frame = wire.encode_frame({"type": "cell", "index": index, "code": cells[index]})
+        nonlocal events, cell_token
+        cell_token = secrets.token_hex(16)  # the only end accepted for this cell carries it
+        events = wire.FrameDecoder(max_frame=1 << 20)  # a half frame left by a cell is dropped
+        if index > 0:  # ... and so is whatever an earlier cell wrote after its end
+            try:  # (not before the first cell: the "started" event may still be on its way)
+                while os.read(child.events_r, CHUNK):
+                    pass
+            except OSError:
+                pass
+        frame = wire.encode_frame(
+            {"type": "cell", "index": index, "code": cells[index], "token": cell_token}
+        )
         try:
             child.request.sendmsg(
                 [frame[: wire.FRAME_HEADER.size]],
@@ -526,7 +539,12 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
                         # Tell the host at once: a call whose code never started may be
                         # run again elsewhere; one that started must not be.
                         write_frame(1, {"type": "started", "id": request.get("id"), "nonce": nonce})
-                    elif kind == "cell_end" and cells and message.get("index") == cell_index:
+                    elif (
+                        kind == "cell_end"
+                        and cells
+                        and message.get("index") == cell_index
+                        and message.get("token") == cell_token
+                    ):
                         record = cell_results[cell_index]
                         record["finished"] = True
                         record["display"] = _display(message.get("display"))

@@ -437,7 +437,7 @@ def run_cells(request_sock: socket.socket, count: int) -> int:
             cell = _receive(request_sock, fds_wanted=2)
         except (EOFError, ValueError):
             return 0
-        _one_cell(str(cell.get("code", "")), namespace, index)
+        _one_cell(str(cell.get("code", "")), namespace, index, str(cell.get("token", "")))
     return _finish(0)
 
 
@@ -459,7 +459,7 @@ def run_session(request_sock: socket.socket) -> int:
         kind = message.get("type")
         if kind == "cell" and len(fds) == 2:
             _install_output(fds)
-            _one_cell(str(message.get("code", "")), namespace, index)
+            _one_cell(str(message.get("code", "")), namespace, index, str(message.get("token", "")))
             index += 1
         elif kind == "fork" and len(fds) == 2:
             if _fork_session(*fds):
@@ -522,7 +522,7 @@ def _install_output(fds: list[int]) -> None:
             os.close(fd)
 
 
-def _one_cell(source: str, namespace: dict[str, Any], index: int) -> None:
+def _one_cell(source: str, namespace: dict[str, Any], index: int, token: str) -> None:
     """Run one cell on the output pipes now on 1 and 2, then point 1 and 2 at /dev/null.
 
     As in IPython, ``SystemExit`` is the cell's error and the interpreter lives
@@ -544,7 +544,11 @@ def _one_cell(source: str, namespace: dict[str, Any], index: int) -> None:
     os.dup2(null, 1)
     os.dup2(null, 2)
     os.close(null)
-    _send_event({"type": "cell_end", "index": index, "display": display, "error": error})
+    # The token is this cell's (random, sent with it): an end a cell forges for a later
+    # cell cannot carry that cell's token, which does not exist yet.
+    _send_event(
+        {"type": "cell_end", "index": index, "token": token, "display": display, "error": error}
+    )
 
 
 def _run_cell(source: str, namespace: dict[str, Any], index: int) -> Any:
