@@ -260,6 +260,12 @@ def render(result: BenchResult, *, plot_name: str, json_name: str) -> str:
     return "\n".join(parts)
 
 
+def scrub_paths(text: str) -> str:
+    """The build machine's own paths out of the published figures: the checkout becomes
+    ``.`` and the home directory ``~`` (the commands stay runnable from the repository)."""
+    return text.replace(str(ROOT), ".").replace(str(Path.home()), "~")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, default=ROOT / "docs" / "benchmarks.json")
@@ -273,8 +279,10 @@ def main() -> int:
     args, extra = parser.parse_known_args()
     if not args.render_only:
         run_bench(args, extra)
-    result = BenchResult.model_validate_json(args.json.read_text())
-    page = render(result, plot_name=args.plot.name, json_name=args.json.name)
+    raw = scrub_paths(args.json.read_text())
+    args.json.write_text(raw)
+    result = BenchResult.model_validate_json(raw)
+    page = scrub_paths(render(result, plot_name=args.plot.name, json_name=args.json.name))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(page)
     print(f"wrote {args.out} ({dt.datetime.now(dt.UTC):%H:%M:%S} UTC)", file=sys.stderr)
