@@ -75,7 +75,10 @@ class WarmPool:
             raise PoolUnavailableError("the pool is closed")
         self._refill()
         try:
-            return await asyncio.wait_for(self._ready.get(), timeout)
+            if not self._ready.empty():
+                return self._ready.get_nowait()  # the common case: no waiting, no timer
+            async with asyncio.timeout(timeout):
+                return await self._ready.get()
         except TimeoutError as exc:
             raise PoolUnavailableError(
                 f"no sandbox container became ready within {timeout:.0f}s"
