@@ -156,15 +156,7 @@ class Sandbox:
         )
         if isinstance(request_or_result, ExecResult):
             return request_or_result
-        portal = self._ensure_portal()
-        if portal.in_loop_thread:
-            raise RuntimeError("run_code() was called from the sandbox's own event loop")
-        future = portal.submit(self._run(request_or_result, submitted))
-        try:
-            return future.result()
-        except BaseException:
-            future.cancel()
-            raise
+        return self._call_in_loop(self._run(request_or_result, submitted), "run_code()")
 
     async def arun_code(
         self,
@@ -191,8 +183,7 @@ class Sandbox:
         )
         if isinstance(request_or_result, ExecResult):
             return request_or_result
-        portal = self._ensure_portal()
-        return await asyncio.wrap_future(portal.submit(self._run(request_or_result, submitted)))
+        return await self._acall_in_loop(self._run(request_or_result, submitted))
 
     def format_tool_content(self, result: ExecResult) -> str:
         """The observation for ``result``: the timeout it ran under, this sandbox's markers."""
@@ -210,15 +201,7 @@ class Sandbox:
     ) -> list[ExecResult]:
         """Run every code, at most ``max_workers`` at once; results in input order."""
         codes = _code_list(codes)
-        portal = self._ensure_portal()
-        if portal.in_loop_thread:
-            raise RuntimeError("run_many() was called from the sandbox's own event loop")
-        future = portal.submit(self._gather(codes, timeout, memory_mb))
-        try:
-            return future.result()
-        except BaseException:
-            future.cancel()
-            raise
+        return self._call_in_loop(self._gather(codes, timeout, memory_mb), "run_many()")
 
     async def arun_many(
         self,
@@ -229,8 +212,7 @@ class Sandbox:
     ) -> list[ExecResult]:
         """Async ``run_many``."""
         codes = _code_list(codes)
-        portal = self._ensure_portal()
-        return await asyncio.wrap_future(portal.submit(self._gather(codes, timeout, memory_mb)))
+        return await self._acall_in_loop(self._gather(codes, timeout, memory_mb))
 
     # -- sessions ----------------------------------------------------------------
 
@@ -308,12 +290,16 @@ class Sandbox:
         for session in list(self._sessions):
             await session.aclose_in_loop(reason)
 
-    def _call_in_loop(self, coro: Coroutine[Any, Any, T]) -> T:
+    def _call_in_loop(self, coro: Coroutine[Any, Any, T], what: str = "a blocking method") -> T:
         """Run ``coro`` on the sandbox's loop and wait for it (from any other thread)."""
-        portal = self._ensure_portal()
+        try:
+            portal = self._ensure_portal()
+        except BaseException:
+            coro.close()
+            raise
         if portal.in_loop_thread:
             coro.close()
-            raise RuntimeError("a blocking Sandbox method was called from its own event loop")
+            raise RuntimeError(f"{what} was called from the sandbox's own event loop")
         future = portal.submit(coro)
         try:
             return future.result()
@@ -323,7 +309,11 @@ class Sandbox:
 
     async def _acall_in_loop(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the sandbox's loop without blocking the caller's loop."""
-        portal = self._ensure_portal()
+        try:
+            portal = self._ensure_portal()
+        except BaseException:
+            coro.close()  # never awaited: no "coroutine was never awaited" warning
+            raise
         if portal.in_loop_thread:
             return await coro
         return await asyncio.wrap_future(portal.submit(coro))
