@@ -320,12 +320,8 @@ class DockerBackend(Backend):
                 f"{reply.get('returncode')}): {reason}",
                 waited,
             )
-        limit = self.config.max_output_chars
-        stdout, stdout_dropped = finish_stream(
-            str(reply.get("stdout", "")), int(reply.get("stdout_dropped", 0)), limit
-        )
-        stderr, stderr_dropped = finish_stream(
-            str(reply.get("stderr", "")), int(reply.get("stderr_dropped", 0)), limit
+        stdout, stdout_dropped, stderr, stderr_dropped = streams(
+            reply, self.config.max_output_chars
         )
         timed_out = bool(reply.get("timed_out"))
         raw_code = reply.get("returncode")
@@ -355,13 +351,8 @@ class DockerBackend(Backend):
         )
 
     def _cell(self, cell: dict[str, Any]) -> CellResult:
-        limit = self.config.max_output_chars
-        stdout, stdout_dropped = finish_stream(
-            str(cell.get("stdout", "")), int(cell.get("stdout_dropped", 0)), limit
-        )
-        stderr, stderr_dropped = finish_stream(
-            str(cell.get("stderr", "")), int(cell.get("stderr_dropped", 0)), limit
-        )
+        """One cell of a result frame (its streams, display, error and how it ended)."""
+        stdout, stdout_dropped, stderr, stderr_dropped = streams(cell, self.config.max_output_chars)
         return CellResult(
             stdout=stdout,
             stderr=stderr,
@@ -373,7 +364,12 @@ class DockerBackend(Backend):
             timed_out=bool(cell.get("timed_out")),
         )
 
-    def _container_oom(self, started: float, waited: float) -> ExecResult:
+    def _container_oom(
+        self,
+        started: float,
+        waited: float,
+        detail: str = "the container hit its memory limit and was killed whole",
+    ) -> ExecResult:
         return ExecResult(
             ok=False,
             stdout="",
@@ -384,7 +380,7 @@ class DockerBackend(Backend):
             outcome=Outcome.OOM,
             backend=self.name,
             queue_wait=waited,
-            detail="the container hit its memory limit and was killed whole",
+            detail=detail,
         )
 
     def _failure(self, started: float, detail: str, waited: float = 0.0) -> ExecResult:
@@ -418,6 +414,18 @@ class DockerBackend(Backend):
             started=pool.started_containers,
             pool_id=pool.factory.pool_id,
         )
+
+
+def streams(frame: dict[str, Any], limit: int) -> tuple[str, int, str, int]:
+    """stdout, its dropped characters, stderr, its dropped characters of an agent frame,
+    cut to ``limit`` characters each (the seed's tail rule)."""
+    stdout, stdout_dropped = finish_stream(
+        str(frame.get("stdout", "")), int(frame.get("stdout_dropped", 0)), limit
+    )
+    stderr, stderr_dropped = finish_stream(
+        str(frame.get("stderr", "")), int(frame.get("stderr_dropped", 0)), limit
+    )
+    return stdout, stdout_dropped, stderr, stderr_dropped
 
 
 def _remove_orphans(client: docker.DockerClient) -> None:

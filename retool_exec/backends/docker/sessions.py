@@ -23,9 +23,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from retool_exec._errors import SessionError, SessionLostError
-from retool_exec._models import CellResult, ExecResult, Outcome, classify_exit
-from retool_exec._output import finish_stream, read_cap_bytes
+from retool_exec._models import ExecResult, Outcome, classify_exit
+from retool_exec._output import read_cap_bytes
 from retool_exec.backends.base import SessionHandle
+from retool_exec.backends.docker.backend import streams
 from retool_exec.backends.docker.containers import SandboxContainer
 from retool_exec.backends.docker.protocol import ProtocolError
 
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 START_BUDGET = 10.0
 """Seconds the host waits for a session (or a fork) to start: the agent's 5 s, and margin."""
 INTERRUPT_GRACE = 1.0
+STREAM_KEYS = ("stdout", "stdout_dropped", "stderr", "stderr_dropped")
 """The agent's grace between KeyboardInterrupt and killing a cell's session."""
 
 
@@ -50,6 +52,8 @@ class SessionFamily:
         self.container = container
         self.sessions: set[int] = set()
         self.lost: str | None = None
+        self.oom = False
+        """Whether the family's container was killed for memory (Docker said so)."""
         self._lock = asyncio.Lock()
         self._sids = itertools.count(1)
 
@@ -83,10 +87,10 @@ class SessionFamily:
                         raise ProtocolError(f"the agent failed: {str(reply.get('reason'))[:300]}")
                     raise ProtocolError(f"unexpected frame from the agent: {reply.get('type')!r}")
             except (TimeoutError, ProtocolError) as exc:
-                oom = await self.backend.container_oom_killed(container)
+                self.oom = await self.backend.container_oom_killed(container)
                 self.lost = (
                     "the session's container ran out of memory and was killed"
-                    if oom
+                    if self.oom
                     else f"the session's container failed: {exc or type(exc).__name__}"
                 )
                 await self.backend.destroy_session_container(container)
@@ -167,8 +171,8 @@ class DockerSession(SessionHandle):
         except (TimeoutError, ProtocolError) as exc:
             self.family.sessions.discard(self.sid)
             lost = self.family.lost or str(exc)
-            if "out of memory" in lost:
-                return self._oom(started, lost)
+            if self.family.oom:
+                return self.family.backend._container_oom(started, 0.0, f"session lost: {lost}")
             return ExecResult.sandbox_failure(
                 f"session lost: {lost}", backend=self.name, latency=time.perf_counter() - started
             )
@@ -178,12 +182,9 @@ class DockerSession(SessionHandle):
         return result
 
     def _result(self, reply: dict[str, Any], started: float) -> ExecResult:
-        limit = self.family.backend.config.max_output_chars
-        stdout, stdout_dropped = finish_stream(
-            str(reply.get("stdout", "")), int(reply.get("stdout_dropped", 0)), limit
-        )
-        stderr, stderr_dropped = finish_stream(
-            str(reply.get("stderr", "")), int(reply.get("stderr_dropped", 0)), limit
+        backend = self.family.backend
+        stdout, stdout_dropped, stderr, stderr_dropped = streams(
+            reply, backend.config.max_output_chars
         )
         lost = reply.get("lost")
         timed_out = bool(reply.get("timed_out"))
@@ -195,19 +196,9 @@ class DockerSession(SessionHandle):
             if returncode is None and not timed_out and not oom:
                 returncode = -9  # ended by a signal the agent could not attribute
         outcome = classify_exit(returncode, timed_out=timed_out, oom=oom)
-        cells = [
-            CellResult(
-                stdout=stdout,
-                stderr=stderr,
-                stdout_dropped_chars=stdout_dropped,
-                stderr_dropped_chars=stderr_dropped,
-                display=cell.get("display") or [],
-                error=cell.get("error") or [],
-                finished=bool(cell.get("finished")),
-                timed_out=bool(cell.get("timed_out")),
-            )
-            for cell in reply.get("cells") or []
-        ]
+        # A session cell's streams are the frame's own; the cell record adds how it ended.
+        own = {key: reply.get(key) for key in STREAM_KEYS}
+        cells = [backend._cell({**cell, **own}) for cell in reply.get("cells") or []]
         return ExecResult(
             ok=outcome is Outcome.SUCCESS,
             stdout=stdout,
@@ -221,19 +212,6 @@ class DockerSession(SessionHandle):
             backend=self.name,
             detail=f"session lost: {lost}" if lost else "",
             cells=cells,
-        )
-
-    def _oom(self, started: float, lost: str) -> ExecResult:
-        return ExecResult(
-            ok=False,
-            stdout="",
-            stderr="",
-            returncode=-9,
-            timed_out=False,
-            latency=time.perf_counter() - started,
-            outcome=Outcome.OOM,
-            backend=self.name,
-            detail=f"session lost: {lost}",
         )
 
     async def fork(self) -> DockerSession:
