@@ -29,7 +29,7 @@ import time
 from typing import Any
 
 from . import supervisor as sv
-from . import wire
+from . import wire, zygote
 
 START_BUDGET = 5.0
 """Seconds a new session or fork has to report that it is ready."""
@@ -192,11 +192,7 @@ def _wait_for(process: SessionProcess, kind: str) -> dict[str, Any] | None:
 
 def _discard_stale_events(process: SessionProcess) -> None:
     """Before a cell: drop what earlier cells left on the events pipe, and any half frame."""
-    try:
-        while os.read(process.events_r, sv.CHUNK):
-            pass
-    except OSError:
-        pass  # BlockingIOError: nothing more (the pipe is non-blocking)
+    zygote.discard_pending(process.events_r)
     process.events = wire.FrameDecoder(max_frame=1 << 20)
 
 

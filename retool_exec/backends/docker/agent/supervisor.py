@@ -377,17 +377,6 @@ def read_fetched(paths: list[str], cap: int) -> tuple[dict[str, str], dict[str, 
 # -- one call ---------------------------------------------------------------------------------
 
 
-class CallOutput:
-    """Where the output of the current cell (or of the whole call) goes."""
-
-    def __init__(self, cap: int) -> None:
-        self.cap = cap
-        self.cells: list[dict[str, Any]] = []
-
-    def new_tails(self) -> tuple[Tail, Tail]:
-        return Tail(self.cap), Tail(self.cap)
-
-
 def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dict[str, Any]:
     timeout = float(request["timeout"])
     cap = int(request.get("read_cap", 16384))
@@ -452,11 +441,7 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
         cell_token = secrets.token_hex(16)  # the only end accepted for this cell carries it
         events = wire.FrameDecoder(max_frame=1 << 20)  # a half frame left by a cell is dropped
         if index > 0:  # ... and so is whatever an earlier cell wrote after its end
-            try:  # (not before the first cell: the "started" event may still be on its way)
-                while os.read(child.events_r, CHUNK):
-                    pass
-            except OSError:
-                pass
+            zygote.discard_pending(child.events_r)  # (not before the first: "started")
         frame = wire.encode_frame(
             {"type": "cell", "index": index, "code": cells[index], "token": cell_token}
         )

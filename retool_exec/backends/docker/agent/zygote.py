@@ -111,7 +111,7 @@ def check_child_setup() -> None:
 def serve(control: socket.socket, zygote_user: identity.Identity, modules: list[str]) -> None:
     """The zygote's whole life (never returns)."""
     try:
-        identity.become(zygote_user, wire_capabilities())
+        identity.become(zygote_user, wire.ZYGOTE_CAPABILITIES)
         identity.harden_self()
         check_child_setup()
         loaded, failed = preload(modules)
@@ -130,14 +130,10 @@ def serve(control: socket.socket, zygote_user: identity.Identity, modules: list[
     while True:
         for fd, _event in poller.poll():
             if fd == wake_r:
-                _drain(wake_r)
+                discard_pending(wake_r)
                 _report_exits(control)
             else:
                 _fork_one(control, wake_r, wake_w)
-
-
-def wire_capabilities() -> tuple[int, ...]:
-    return wire.ZYGOTE_CAPABILITIES
 
 
 def _report_exits(control: socket.socket) -> None:
@@ -184,12 +180,13 @@ def _fork_one(control: socket.socket, wake_r: int, wake_w: int) -> None:
     control.send(b"P" + PID_STATUS.pack(pid, 0))
 
 
-def _drain(fd: int) -> None:
+def discard_pending(fd: int) -> None:
+    """Drop whatever a non-blocking pipe holds now (a wakeup pipe, what a cell left)."""
     try:
         while os.read(fd, 4096):
             pass
-    except BlockingIOError:
-        pass
+    except OSError:
+        pass  # BlockingIOError: it is empty
 
 
 # -- the child -------------------------------------------------------------------------
