@@ -17,29 +17,12 @@ from retool_exec.bench.results import BenchResult, BenchSettings, CellResult
 from retool_exec.bench.targets import evaluate_targets
 from retool_exec.cli import build_parser, main
 from retool_exec.cli.cmd_bench import build_settings
+from tests.bench_settings import bench_settings
 from tests.conftest import LABELS, require_docker
 
 
 def _settings(backends: list[str]) -> BenchSettings:
-    return BenchSettings(
-        backends=backends,
-        workloads=["print", "sympy"],
-        concurrency=[1],
-        calls=3,
-        slow_rounds=1,
-        warmup=0,
-        pool_size=1,
-        timeout=5.0,
-        quick=True,
-        extras=False,
-        undrained_calls=1,
-        sustained_calls=1,
-        sustained_concurrency=1,
-        sustained_pool_size=1,
-        cpu_calls=1,
-        local_python="python3",
-        command="retool-exec bench",
-    )
+    return bench_settings(backends=backends, workloads=["print", "sympy"], calls=3)
 
 
 def _cell(backend: str, workload: str, latency: float, failures: int = 0) -> CellResult:

@@ -16,28 +16,11 @@ from retool_exec.bench.progress import Progress
 from retool_exec.bench.report import render_text, session_tables
 from retool_exec.bench.results import BenchResult, BenchSettings, SessionFigures
 from retool_exec.bench.targets import evaluate_targets
+from tests.bench_settings import bench_settings
 
 
 def _settings(*, quick: bool, backends: tuple[str, ...] = ("docker",)) -> BenchSettings:
-    return BenchSettings(
-        backends=list(backends),
-        workloads=["print"],
-        concurrency=[1],
-        calls=1,
-        slow_rounds=1,
-        warmup=0,
-        pool_size=1,
-        timeout=5.0,
-        quick=quick,
-        extras=True,
-        undrained_calls=1,
-        sustained_calls=1,
-        sustained_concurrency=1,
-        sustained_pool_size=1,
-        cpu_calls=1,
-        local_python="python3",
-        command="retool-exec bench",
-    )
+    return bench_settings(backends=list(backends), quick=quick, extras=True)
 
 
 def _answer(code: str) -> str:

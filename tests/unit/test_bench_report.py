@@ -13,28 +13,25 @@ from retool_exec.bench.results import (
 )
 from retool_exec.bench.targets import evaluate_targets
 from retool_exec.bench.workloads import WORKLOADS
+from tests.bench_settings import bench_settings
 
 _BY_NAME = {w.name: w for w in WORKLOADS}
 
 
 def _settings(backends: list[str]) -> BenchSettings:
-    return BenchSettings(
+    return bench_settings(
         backends=backends,
         workloads=["print", "sympy", "timeout"],
         concurrency=[1, 16],
         calls=4,
-        slow_rounds=1,
-        warmup=0,
         pool_size=8,
         timeout=30.0,
-        quick=True,
         extras=True,
         undrained_calls=4,
         sustained_calls=10,
         sustained_concurrency=16,
         sustained_pool_size=4,
         cpu_calls=4,
-        local_python="python3",
         command="retool-exec bench --backends local,docker-reuse",
     )
 
