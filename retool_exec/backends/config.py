@@ -12,9 +12,10 @@ import re
 import sys
 from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from retool_exec._formatting import DEFAULT_TIMEOUT, MAX_OUTPUT_CHARS
+from retool_exec.backends.docker.image_spec import ImageSpec
 
 if TYPE_CHECKING:
     from retool_exec.backends.base import Backend
@@ -73,7 +74,7 @@ class FakeConfig(BackendConfigBase):
         return FakeBackend.from_config(self)
 
 
-REUSE_PRELOAD = ("numpy", "sympy", "scipy", "mpmath")
+REUSE_PRELOAD = ImageSpec().preload_modules
 
 
 class DockerConfig(BackendConfigBase):
@@ -90,9 +91,13 @@ class DockerConfig(BackendConfigBase):
     runtime: str | None = None
     """OCI runtime, e.g. ``"runsc"`` for gVisor; None uses the daemon's default (runc)."""
     image: str | None = None
-    """Image to run; None uses the content-addressed tag of the bundled image."""
+    """An image of your own to run (any image with a ``python3`` >= 3.9: the agent is sent
+    in at start, see docs/images.md); None runs the image built from ``image_spec``."""
+    image_spec: ImageSpec | None = None
+    """The image to build and run: a preset plus extra Debian and PyPI packages (a TOML
+    file's path is accepted too). None: the default image (``ImageSpec()``)."""
     auto_build: bool = True
-    """Build the bundled image when it is missing (takes a minute or two, once)."""
+    """Build the spec's image when it is missing (a minute or two, once per spec)."""
     memory_mb: int = Field(default=1024, ge=32, le=1 << 20)
     """Memory limit; swap is the same number, so there is no swap."""
     pids: int = Field(default=128, ge=8, le=65536)
@@ -145,12 +150,30 @@ class DockerConfig(BackendConfigBase):
                 raise ValueError(f"label {key!r} is reserved for retool_exec's own bookkeeping")
         return labels
 
+    @field_validator("image_spec", mode="before")
+    @classmethod
+    def _spec_from_file(cls, value: object) -> object:
+        if isinstance(value, str):  # a TOML file's path (from --set image_spec=FILE)
+            return ImageSpec.from_toml(value)
+        return value
+
+    @model_validator(mode="after")
+    def _one_image(self) -> DockerConfig:
+        if self.image is not None and self.image_spec is not None:
+            raise ValueError("give either image (your own) or image_spec (built here), not both")
+        return self
+
+    @property
+    def spec(self) -> ImageSpec:
+        """The spec of the image built here (the default when none is given)."""
+        return self.image_spec if self.image_spec is not None else ImageSpec()
+
     @property
     def preload_modules(self) -> tuple[str, ...]:
         """The modules actually preloaded (``preload``, or the policy's default)."""
         if self.preload is not None:
             return self.preload
-        return REUSE_PRELOAD if self.policy == "reuse" else ()
+        return self.spec.preload_modules if self.policy == "reuse" else ()
 
     @field_validator("preload")
     @classmethod
