@@ -35,7 +35,7 @@ def test_wheel_ships_py_typed_agent_and_image_files(tmp_path: Path) -> None:
     assert "retool_exec/py.typed" in names
     assert "retool_exec/backends/docker/agent/wire.py" in names
     assert "retool_exec/backends/docker/agent/supervisor.py" in names
-    assert "retool_exec/backends/docker/image_files/packages.txt" in names
+    assert "retool_exec/backends/docker/image_files/preset-math.txt" in names
     assert "retool_exec/backends/docker/image_files/build-rootfs.sh" in names
     assert any(n.endswith("entry_points.txt") for n in names)
 

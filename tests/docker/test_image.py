@@ -46,11 +46,11 @@ def test_tag_changes_when_any_input_changes(monkeypatch: pytest.MonkeyPatch) -> 
     seen = {base}
     for name in real:
         changed = {**real, name: real[name] + b"\n# changed\n"}
-        monkeypatch.setattr(image_mod, "_read_build_inputs", lambda c=changed: c)
+        monkeypatch.setattr(image_mod, "_read_build_inputs", lambda _spec, c=changed: c)
         tag = image_mod.image_tag()
         assert tag not in seen, f"changing {name} did not change the tag"
         seen.add(tag)
-    monkeypatch.setattr(image_mod, "_read_build_inputs", lambda: real)
+    monkeypatch.setattr(image_mod, "_read_build_inputs", lambda _spec: real)
     assert image_mod.image_tag() == base
 
 
@@ -75,7 +75,7 @@ def test_build_inputs_ship_inside_the_package() -> None:
     assert files.parent == Path(image_mod.__file__).resolve().parent
     packages = {
         line.split("#")[0].strip()
-        for line in (files / "packages.txt").read_text().splitlines()
+        for line in (files / "preset-math.txt").read_text().splitlines()
         if line.split("#")[0].strip()
     }
     assert {"python3", "python3-numpy", "python3-scipy", "python3-sympy", "python3-mpmath"} <= (
@@ -115,7 +115,7 @@ def test_failed_build_reports_the_tail_and_keeps_the_exit_code(
 ) -> None:
     inputs = dict(image_mod._read_build_inputs())
     inputs["build-rootfs.sh"] = b"echo 'I: starting'\necho 'E: no such package: nope' >&2\nexit 3\n"
-    monkeypatch.setattr(image_mod, "_read_build_inputs", lambda: inputs)
+    monkeypatch.setattr(image_mod, "_read_build_inputs", lambda _spec: inputs)
     monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
     lines: list[str] = []
     with pytest.raises(ImageBuildError, match=r"exit code 3") as caught:
@@ -199,7 +199,10 @@ def test_image_configuration(client: docker.DockerClient, built: tuple[ImageInfo
     assert config["Labels"] == {
         "org.retool_exec.image": "1",
         "org.retool_exec.tag": info.tag.partition(":")[2],
+        "org.retool_exec.spec": '{"preset":"math","apt":[],"pip":[]}',
+        "org.retool_exec.agent": image_mod.agent_digest(),
     }
+    assert info.spec == "math"
 
 
 @pytest.mark.docker

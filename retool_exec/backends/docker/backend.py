@@ -15,7 +15,7 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import docker
 import docker.errors
@@ -35,6 +35,9 @@ from retool_exec.backends.docker.containers import (
 )
 from retool_exec.backends.docker.pool import PoolUnavailableError, WarmPool
 from retool_exec.backends.docker.protocol import ProtocolError
+
+if TYPE_CHECKING:
+    from retool_exec.backends.docker.image import ImageChoice
 
 __all__ = ["DockerBackend", "PoolStats"]
 
@@ -83,13 +86,20 @@ class DockerBackend(Backend):
         started = time.perf_counter()
         client = await asyncio.to_thread(connect, self.config.docker_host)
         try:
-            self.image = await asyncio.to_thread(self._resolve_image, client)
+            choice = await asyncio.to_thread(self._resolve_image, client)
+            self.image = choice.tag
             await asyncio.to_thread(_remove_orphans, client)
             self._check_runtime(client)
         except BaseException:
             client.close()
             raise
-        factory = ContainerFactory(client, self.config, self.image)
+        factory = ContainerFactory(
+            client,
+            self.config,
+            choice.tag,
+            send_agent=choice.send_agent,
+            image_path=choice.image_path,
+        )
         pool = WarmPool(
             factory,
             size=self.config.pool_size,
@@ -104,23 +114,38 @@ class DockerBackend(Backend):
             raise BackendUnavailableError(str(exc)) from exc
         self.startup_seconds = time.perf_counter() - started
 
-    def _resolve_image(self, client: docker.DockerClient) -> str:
+    def _resolve_image(self, client: docker.DockerClient) -> ImageChoice:
         from retool_exec.backends.docker import image as image_module
 
-        tag = self.config.image or image_module.image_tag()
+        spec = self.config.spec
+        tag = self.config.image or image_module.image_tag(spec)
         try:
-            retry_docker(lambda: client.images.get(tag))
-            return tag
+            attrs = retry_docker(lambda: client.images.get(tag)).attrs
         except docker.errors.ImageNotFound as exc:
-            if self.config.image is not None or not self.config.auto_build:
+            if self.config.image is not None:
                 raise ImageError(
-                    f"sandbox image {tag!r} is not present; build it with `retool-exec image build`"
+                    f"image {tag!r} is not present in the Docker daemon; images are never "
+                    "pulled (no registry is assumed): load it with `docker load` or "
+                    "`docker import` first"
                 ) from exc
-        log.warning("sandbox image %s is missing; building it (once, a minute or two)", tag)
-        try:
-            return image_module.build_image(client, progress=log.info).tag
-        except Exception as exc:
-            raise ImageError(f"could not build the sandbox image {tag!r}: {exc}") from exc
+            if not self.config.auto_build:
+                raise ImageError(
+                    f"sandbox image {tag!r} ({spec.describe()}) is not present; build it "
+                    f"with `retool-exec image build{image_module.build_flags(spec)}`"
+                ) from exc
+            log.warning(
+                "sandbox image %s (%s) is missing; building it (once, a minute or two)",
+                tag,
+                spec.describe(),
+            )
+            try:
+                built = image_module.build_image(
+                    client, spec, progress=lambda line: log.warning("image build: %s", line)
+                )
+                attrs = retry_docker(lambda: client.images.get(built.tag)).attrs
+            except Exception as exc:
+                raise ImageError(f"could not build the sandbox image {tag!r}: {exc}") from exc
+        return image_module.image_choice(tag, attrs)
 
     def _check_runtime(self, client: docker.DockerClient) -> None:
         if not self.config.runtime:

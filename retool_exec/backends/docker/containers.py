@@ -23,8 +23,10 @@ from typing import Any, TypeVar
 import docker
 import docker.errors
 
+from retool_exec._errors import ImageError
 from retool_exec.backends.config import DockerConfig
 from retool_exec.backends.docker.agent import wire
+from retool_exec.backends.docker.bootstrap import agent_frame
 from retool_exec.backends.docker.client import retry_docker
 from retool_exec.backends.docker.hardening import container_spec, with_sandbox_uid
 from retool_exec.backends.docker.protocol import AgentChannel, ProtocolError
@@ -167,10 +169,19 @@ class SandboxContainer:
 class ContainerFactory:
     """Makes hardened containers for one pool and removes them again."""
 
-    def __init__(self, client: docker.DockerClient, config: DockerConfig, image: str) -> None:
+    def __init__(
+        self,
+        client: docker.DockerClient,
+        config: DockerConfig,
+        image: str,
+        *,
+        send_agent: bytes | None = None,
+        image_path: str | None = None,
+    ) -> None:
         self.client = client
         self.config = config
         self.image = image
+        self._agent_frame = agent_frame(send_agent) if send_agent is not None else b""
         self.pool_id = uuid.uuid4().hex[:12]
         self.labels = {
             **config.labels,
@@ -179,7 +190,9 @@ class ContainerFactory:
             LABEL_POOL: self.pool_id,
             LABEL_POLICY: config.policy,
         }
-        self._spec = container_spec(config, image=image, labels=self.labels)
+        self._spec = container_spec(
+            config, image=image, labels=self.labels, send_agent=send_agent, image_path=image_path
+        )
         self._threads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="retool-docker")
 
     async def _blocking(self, func: Callable[[], T]) -> T:
@@ -227,6 +240,7 @@ class ContainerFactory:
                 raise
 
         container_id = retry_docker(create)
+        duplicate = None
         try:
             attached = api.attach_socket(
                 container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
@@ -242,8 +256,21 @@ class ContainerFactory:
             duplicate = raw.dup()
             attached.close()
             raw.close()
-            retry_docker(lambda: api.start(container_id))
+            try:
+                retry_docker(lambda: api.start(container_id))
+            except docker.errors.APIError as exc:
+                if "executable file not found" in str(exc):
+                    raise ImageError(
+                        f"image {self.image!r} cannot host the sandbox agent: no python3 on its "
+                        f"PATH ({self._spec.create['environment']['PATH']}); it needs "
+                        "python3 >= 3.9 (docs/images.md)"
+                    ) from exc
+                raise
+            if self._agent_frame:  # the image lacks this agent: the bootstrap reads it first
+                duplicate.sendall(self._agent_frame)
         except BaseException:
+            if duplicate is not None:
+                duplicate.close()
             with contextlib.suppress(Exception):
                 api.remove_container(container_id, force=True)
             raise

@@ -16,6 +16,7 @@ from typing import Any
 
 from retool_exec.backends.config import DockerConfig
 from retool_exec.backends.docker.agent import wire
+from retool_exec.backends.docker.bootstrap import bootstrap_command
 
 __all__ = [
     "AGENT_CAPABILITIES",
@@ -86,8 +87,20 @@ class ContainerSpec:
     host_config: dict[str, Any] = field(default_factory=dict)
 
 
-def container_spec(config: DockerConfig, *, image: str, labels: Mapping[str, str]) -> ContainerSpec:
-    """The hardened container for ``config``; the only place container options are decided."""
+def container_spec(
+    config: DockerConfig,
+    *,
+    image: str,
+    labels: Mapping[str, str],
+    send_agent: bytes | None = None,
+    image_path: str | None = None,
+) -> ContainerSpec:
+    """The hardened container for ``config``; the only place container options are decided.
+
+    ``send_agent``: the image does not hold this agent, so the container starts the
+    bootstrap (``bootstrap.py``) and the host sends this zipapp in first; ``image_path``
+    is then the image's own ``PATH`` (where its ``python3`` is).
+    """
     mib = 1024 * 1024
     memory = config.memory_mb * mib
     tmpfs_options = ",".join(
@@ -138,14 +151,20 @@ def container_spec(config: DockerConfig, *, image: str, labels: Mapping[str, str
         # process of the uid on the host, so it is only set here).
         host_config["pids_limit"] = config.pids + GVISOR_PIDS_HEADROOM
         host_config["ulimits"].append({"Name": "nproc", "Soft": config.pids, "Hard": config.pids})
+    environment = {**config.env, **config.spec.env, **BASE_ENV}
+    entrypoint = list(ENTRYPOINT)
+    if send_agent is not None:
+        if image_path:
+            environment["PATH"] = image_path
+        entrypoint = bootstrap_command(send_agent, environment)
     create: dict[str, Any] = {
         "image": image,
-        "entrypoint": list(ENTRYPOINT),
+        "entrypoint": entrypoint,
         "command": agent_arguments(config.preload_modules),
         "user": CONTAINER_USER,
         "hostname": SANDBOX_HOSTNAME,
         "working_dir": "/tmp",
-        "environment": {**config.env, **BASE_ENV},
+        "environment": environment,
         "labels": dict(labels),
         "stdin_open": True,
         "tty": False,

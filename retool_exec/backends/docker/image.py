@@ -49,20 +49,28 @@ import requests.exceptions
 
 from retool_exec._errors import ImageError
 from retool_exec.backends.docker.agent import wire
+from retool_exec.backends.docker.image_spec import ImageSpec
 
 __all__ = [
+    "AGENT_LABEL",
     "AGENT_PATH_IN_IMAGE",
     "ENTRYPOINT",
     "IMAGE_LABEL",
     "IMAGE_REPOSITORY",
+    "PIP_LABEL",
     "SANDBOX_USER",
+    "SPEC_LABEL",
     "TAG_LABEL",
     "ImageBuildError",
+    "ImageChoice",
     "ImageInfo",
+    "agent_digest",
     "agent_source_paths",
     "agent_zipapp",
+    "build_flags",
     "build_image",
     "ensure_image",
+    "image_choice",
     "image_files_dir",
     "image_tag",
     "list_images",
@@ -73,6 +81,13 @@ IMAGE_LABEL = "org.retool_exec.image"
 """Label (value ``1``) on every image this module builds; ``list_images`` filters on it."""
 TAG_LABEL = "org.retool_exec.tag"
 """Label holding the content hash (the tag without the repository)."""
+SPEC_LABEL = "org.retool_exec.spec"
+"""Label holding the image spec it was built from (JSON, without ``preload``)."""
+PIP_LABEL = "org.retool_exec.pip"
+"""Label holding the PyPI packages the build installed, ``name==version`` comma-separated."""
+AGENT_LABEL = "org.retool_exec.agent"
+"""Label holding the digest of the agent inside (``agent_digest()``): a host whose agent
+differs sends its own in at start instead of running this one."""
 AGENT_PATH_IN_IMAGE = wire.AGENT_PATH
 SANDBOX_USER = wire.DEFAULT_SANDBOX_USER
 """nobody:nogroup, the image's default user."""
@@ -108,6 +123,10 @@ class ImageInfo:
     """When the image was imported (UTC)."""
     built: bool
     """True when this call built it; False when it was already there."""
+    spec: str = ""
+    """What it holds (``ImageSpec.describe()``); empty for an image built before specs."""
+    pip: tuple[str, ...] = ()
+    """PyPI packages its build installed (``name==version``)."""
 
 
 # ---------------------------------------------------------------------------
@@ -115,7 +134,7 @@ class ImageInfo:
 
 
 def image_files_dir() -> Path:
-    """Folder of the build inputs shipped inside the package (packages.txt, build-rootfs.sh)."""
+    """Folder of the build inputs shipped inside the package (preset lists, build-rootfs.sh)."""
     return _HERE / "image_files"
 
 
@@ -145,22 +164,28 @@ def agent_zipapp() -> bytes:
     return buffer.getvalue()
 
 
-def _input_paths() -> dict[str, Path]:
-    files = image_files_dir()
-    return {
-        "packages.txt": files / "packages.txt",
-        "build-rootfs.sh": files / "build-rootfs.sh",
-    }
+def agent_digest() -> str:
+    """First 16 hex of the agent zipapp's sha256: which agent an image holds."""
+    return hashlib.sha256(agent_zipapp()).hexdigest()[:16]
 
 
-def _read_build_inputs() -> dict[str, bytes]:
-    """Name -> content of every file the image is built from (the agent's members included)."""
-    contents: dict[str, bytes] = {}
-    for name, path in _input_paths().items():
-        try:
-            contents[name] = path.read_bytes()
-        except OSError as exc:
-            raise ImageBuildError(f"sandbox image input missing: {path}: {exc}") from exc
+def _read_build_inputs(spec: ImageSpec | None = None) -> dict[str, bytes]:
+    """Name -> content of every file the image is built from (the agent's members included).
+
+    ``packages.txt`` and ``requirements.txt`` are written from the spec (the
+    preset's lists plus its extras), so the tag follows what is installed, not
+    how the spec was spelled.
+    """
+    spec = spec if spec is not None else ImageSpec()
+    script = image_files_dir() / "build-rootfs.sh"
+    try:
+        contents = {"build-rootfs.sh": script.read_bytes()}
+        packages = [*spec.packages, *(["python3-pip"] if spec.pip else [])]
+    except OSError as exc:
+        raise ImageBuildError(f"sandbox image input missing: {exc}") from exc
+    contents["packages.txt"] = "".join(f"{name}\n" for name in packages).encode()
+    if spec.pip:
+        contents["requirements.txt"] = "".join(f"{line}\n" for line in spec.pip).encode()
     try:
         contents["agent.pyz"] = agent_zipapp()
     except OSError as exc:
@@ -168,18 +193,24 @@ def _read_build_inputs() -> dict[str, bytes]:
     return contents
 
 
-def _config_changes() -> list[str]:
+def _spec_label(spec: ImageSpec) -> str:
+    return spec.model_dump_json(exclude={"preload"})
+
+
+def _config_changes(spec: ImageSpec) -> list[str]:
     """Dockerfile instructions applied at import, except the tag label (it names the hash)."""
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", **spec.env}
     return [
         f"USER {SANDBOX_USER}",
         "WORKDIR /tmp",
-        "ENV PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8",
+        "ENV " + " ".join(f"{name}={value}" for name, value in env.items()),
         f"ENTRYPOINT {json.dumps(list(ENTRYPOINT))}",
         f"LABEL {IMAGE_LABEL}=1",
+        f"LABEL {SPEC_LABEL}={json.dumps(_spec_label(spec))}",
     ]
 
 
-def _content_hash(inputs: Mapping[str, bytes]) -> str:
+def _content_hash(inputs: Mapping[str, bytes], spec: ImageSpec) -> str:
     digest = hashlib.sha256()
 
     def feed(data: bytes) -> None:
@@ -188,16 +219,50 @@ def _content_hash(inputs: Mapping[str, bytes]) -> str:
         digest.update(data)
 
     feed(f"retool-exec-sandbox-image/{FORMAT_VERSION}".encode())
-    feed("\n".join(_config_changes()).encode())
+    feed("\n".join(_config_changes(spec)).encode())
     for name in sorted(inputs):
         feed(name.encode())
         feed(inputs[name])
     return digest.hexdigest()
 
 
-def image_tag() -> str:
+def image_tag(spec: ImageSpec | None = None) -> str:
     """``retool-exec-sandbox:<first 16 hex of the content hash>``; pure, no Docker needed."""
-    return f"{IMAGE_REPOSITORY}:{_content_hash(_read_build_inputs())[:16]}"
+    spec = spec if spec is not None else ImageSpec()
+    return f"{IMAGE_REPOSITORY}:{_content_hash(_read_build_inputs(spec), spec)[:16]}"
+
+
+def build_flags(spec: ImageSpec) -> str:
+    """The ``retool-exec image build`` flags that build ``spec`` (empty for the default)."""
+    import shlex
+
+    flags = [] if spec.preset == "math" else ["--preset", spec.preset]
+    flags += [word for name in spec.apt for word in ("--apt", name)]
+    flags += [word for requirement in spec.pip for word in ("--pip", requirement)]
+    return "".join(f" {shlex.quote(word)}" for word in flags)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ImageChoice:
+    """The image a backend runs, and how its agent gets in."""
+
+    tag: str
+    send_agent: bytes | None = None
+    """The zipapp to send at start when the image does not hold this agent (else None)."""
+    image_path: str | None = None
+    """The image's own ``PATH``, where the bootstrap looks for ``python3``."""
+
+
+def image_choice(tag: str, attrs: Mapping[str, Any]) -> ImageChoice:
+    """How to run the image ``tag`` (``attrs``: its inspect data) with this host's agent."""
+    from retool_exec.backends.docker.bootstrap import needs_bootstrap
+
+    zipapp = agent_zipapp()
+    if not needs_bootstrap(attrs, hashlib.sha256(zipapp).hexdigest()[:16]):
+        return ImageChoice(tag)
+    env = (attrs.get("Config") or {}).get("Env") or []
+    path = next((item[5:] for item in env if item.startswith("PATH=")), None)
+    return ImageChoice(tag, send_agent=zipapp, image_path=path)
 
 
 # ---------------------------------------------------------------------------
@@ -226,13 +291,23 @@ def _info(image: docker.models.images.Image, *, built: bool, tag: str | None = N
     if tag is None:
         ours = [t for t in image.tags if t.startswith(f"{IMAGE_REPOSITORY}:")]
         tag = sorted(ours)[0] if ours else ""
+    labels = (attrs.get("Config") or {}).get("Labels") or {}
     return ImageInfo(
         tag=tag,
         id=str(attrs.get("Id", image.id)),
         size_bytes=int(attrs.get("Size") or 0),
         created=_parse_created(str(attrs.get("Created", ""))),
         built=built,
+        spec=_describe_spec_label(labels.get(SPEC_LABEL, "")),
+        pip=tuple(name for name in labels.get(PIP_LABEL, "").split(",") if name),
     )
+
+
+def _describe_spec_label(text: str) -> str:
+    try:
+        return ImageSpec.model_validate_json(text).describe()
+    except ValueError:
+        return ""
 
 
 def _find(client: docker.DockerClient, tag: str) -> ImageInfo | None:
@@ -257,22 +332,24 @@ def list_images(client: docker.DockerClient) -> list[ImageInfo]:
 
 def ensure_image(
     client: docker.DockerClient,
+    spec: ImageSpec | None = None,
     *,
     progress: Callable[[str], None] | None = None,
     install_tools: bool = False,
 ) -> ImageInfo:
-    """The current sandbox image: found if present, built otherwise."""
-    return build_image(client, force=False, progress=progress, install_tools=install_tools)
+    """The spec's sandbox image (the default one when None): found if present, built otherwise."""
+    return build_image(client, spec, force=False, progress=progress, install_tools=install_tools)
 
 
 def build_image(
     client: docker.DockerClient,
+    spec: ImageSpec | None = None,
     *,
     force: bool = False,
     progress: Callable[[str], None] | None = None,
     install_tools: bool = False,
 ) -> ImageInfo:
-    """Build the sandbox image from Debian's packages and import it into Docker.
+    """Build the spec's sandbox image from Debian's packages (and PyPI) and import it.
 
     Skips the build when the content-addressed tag already exists, unless
     ``force``. Needs ``mmdebstrap`` on the host (Debian/Ubuntu); with
@@ -281,8 +358,9 @@ def build_image(
     the first one's image. Raises ``ImageBuildError`` (cause attached) on failure.
     """
     say = progress if progress is not None else _quiet
-    inputs = _read_build_inputs()
-    tag = f"{IMAGE_REPOSITORY}:{_content_hash(inputs)[:16]}"
+    spec = spec if spec is not None else ImageSpec()
+    inputs = _read_build_inputs(spec)
+    tag = f"{IMAGE_REPOSITORY}:{_content_hash(inputs, spec)[:16]}"
     if not force and (found := _find(client, tag)) is not None:
         say(f"image {tag} is present ({found.size_bytes / 1e6:.0f} MB)")
         return found
@@ -292,11 +370,12 @@ def build_image(
             say(f"image {tag} was built meanwhile by another process")
             return found
         started = time.monotonic()
-        base = _base_tag(inputs)
+        base = _base_tag(inputs, spec)
         if force or _find(client, base) is None:
-            _build_base(client, base, inputs, install_tools=install_tools, say=say)
+            say(f"building the {spec.describe()} image")
+            _build_base(client, base, inputs, spec, install_tools=install_tools, say=say)
         say(f"adding the agent to {base} as {tag}...")
-        _add_agent(client, base, tag, inputs["agent.pyz"])
+        _add_agent(client, base, tag, inputs["agent.pyz"], spec)
         info = _find(client, tag)
         if info is None:
             raise ImageBuildError(f"image {tag} is missing right after it was made")
@@ -307,20 +386,21 @@ def build_image(
         return dataclasses.replace(info, built=True)
 
 
-def _base_tag(inputs: Mapping[str, bytes]) -> str:
+def _base_tag(inputs: Mapping[str, bytes], spec: ImageSpec) -> str:
     """The root filesystem's own tag: hashed over everything but the agent.
 
     The agent changes far more often than the packages; a new agent is one
     small layer on the same base (seconds), not a new mmdebstrap run (minutes).
     """
     rest = {name: data for name, data in inputs.items() if name != "agent.pyz"}
-    return f"{IMAGE_REPOSITORY}-base:{_content_hash(rest)[:16]}"
+    return f"{IMAGE_REPOSITORY}-base:{_content_hash(rest, spec)[:16]}"
 
 
 def _build_base(
     client: docker.DockerClient,
     base: str,
     inputs: Mapping[str, bytes],
+    spec: ImageSpec,
     *,
     install_tools: bool,
     say: Callable[[str], None],
@@ -339,11 +419,28 @@ def _build_base(
             f"root filesystem built in {time.monotonic() - started:.0f} s "
             f"({tarball.stat().st_size / 1e6:.0f} MB tarball)"
         )
+        installed = _pip_installed(tarball, spec)
+        if installed:
+            say(f"installed from PyPI: {', '.join(installed)}")
         say(f"importing into Docker as {base}...")
-        _import(client, tarball, base)
+        _import(client, tarball, base, spec, installed)
 
 
-def _add_agent(client: docker.DockerClient, base: str, tag: str, zipapp: bytes) -> None:
+def _pip_installed(tarball: Path, spec: ImageSpec) -> list[str]:
+    """``name==version`` of what the build's pip installed (the script writes them beside)."""
+    if not spec.pip:
+        return []
+    frozen = tarball.with_name(tarball.name + ".pip-freeze")
+    try:
+        lines = frozen.read_text().splitlines()
+    except OSError as exc:
+        raise ImageBuildError(f"the build did not record what pip installed: {exc}") from exc
+    return sorted(line.strip() for line in lines if "==" in line)
+
+
+def _add_agent(
+    client: docker.DockerClient, base: str, tag: str, zipapp: bytes, spec: ImageSpec
+) -> None:
     """``base`` plus this agent, committed as ``tag`` (no builder, no registry)."""
     import io
     import tarfile
@@ -354,7 +451,12 @@ def _add_agent(client: docker.DockerClient, base: str, tag: str, zipapp: bytes) 
         member.size, member.mode, member.mtime = len(zipapp), 0o644, 0
         tar.addfile(member, io.BytesIO(zipapp))
     repository, _, tag_part = tag.partition(":")
-    changes = [*_config_changes(), f"LABEL {TAG_LABEL}={tag_part}"]
+    digest = hashlib.sha256(zipapp).hexdigest()[:16]
+    changes = [
+        *_config_changes(spec),
+        f"LABEL {TAG_LABEL}={tag_part}",
+        f"LABEL {AGENT_LABEL}={digest}",
+    ]
     container_id = None
     try:
         container_id = client.api.create_container(base, command=["/bin/true"])["Id"]
@@ -369,7 +471,7 @@ def _add_agent(client: docker.DockerClient, base: str, tag: str, zipapp: bytes) 
         if container_id is not None:
             with contextlib.suppress(*_docker_errors()):
                 client.api.remove_container(container_id, force=True)
-    _check_config(client, tag)
+    _check_config(client, tag, spec)
 
 
 def _quiet(_line: str) -> None:
@@ -453,6 +555,8 @@ def _run_build_script(
         str(staged["agent.pyz"]),
         str(staged["packages.txt"]),
     ]
+    if "requirements.txt" in staged:
+        command.append(str(staged["requirements.txt"]))
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive", "LC_ALL": "C.UTF-8"}
     tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
     try:
@@ -514,10 +618,14 @@ def _run_build_script(
         raise ImageBuildError(f"the image build wrote no root filesystem at {tarball}")
 
 
-def _import(client: docker.DockerClient, tarball: Path, tag: str) -> None:
+def _import(
+    client: docker.DockerClient, tarball: Path, tag: str, spec: ImageSpec, installed: list[str]
+) -> None:
     repository, _, tag_part = tag.partition(":")
-    changes = [*_config_changes(), f"LABEL {TAG_LABEL}={tag_part}"]
+    changes = [*_config_changes(spec), f"LABEL {TAG_LABEL}={tag_part}"]
     changes = [c for c in changes if not c.startswith(f"LABEL {IMAGE_LABEL}=")]
+    if installed:
+        changes.append(f"LABEL {PIP_LABEL}={json.dumps(','.join(installed))}")
     try:
         # src as a path: docker-py streams the file (no timeout on the upload).
         response = client.api.import_image(
@@ -532,10 +640,12 @@ def _import(client: docker.DockerClient, tarball: Path, tag: str) -> None:
             continue
         if isinstance(message, dict) and message.get("error"):
             raise ImageBuildError(f"docker import of {tag} failed: {message['error']}")
-    _check_config(client, tag, listed=False)
+    _check_config(client, tag, spec, listed=False)
 
 
-def _check_config(client: docker.DockerClient, tag: str, *, listed: bool = True) -> None:
+def _check_config(
+    client: docker.DockerClient, tag: str, spec: ImageSpec, *, listed: bool = True
+) -> None:
     """The daemon applied every change (an old one might drop e.g. LABEL)."""
     try:
         config: dict[str, Any] = client.images.get(tag).attrs.get("Config") or {}
@@ -550,6 +660,7 @@ def _check_config(client: docker.DockerClient, tag: str, *, listed: bool = True)
     if (
         labels.get(IMAGE_LABEL) != ("1" if listed else None)
         or labels.get(TAG_LABEL) != tag.partition(":")[2]
+        or labels.get(SPEC_LABEL) != _spec_label(spec)
     ):
         problems.append(f"Labels={labels!r}")
     if problems:

@@ -256,7 +256,7 @@ def _sockstat() -> dict[str, int] | None:
                 for line in handle:
                     protocol, _, rest = line.partition(":")
                     fields = rest.split()
-                    for key, value in zip(fields[::2], fields[1::2], strict=False):
+                    for key, value in zip(fields[::2], fields[1::2]):  # noqa: B905 - no strict= on 3.9
                         if key in ("used", "inuse", "orphan", "tw"):
                             counts[f"{protocol}.{key}"] = int(value)
     except (OSError, ValueError):

@@ -513,7 +513,7 @@ def _fork_session(events_w: int, request_fd: int) -> bool:
 
 
 def _install_output(fds: list[int]) -> None:
-    for target, fd in zip((1, 2), fds, strict=False):
+    for target, fd in zip((1, 2), fds):  # noqa: B905 - no strict= on 3.9
         if fd != target:  # received descriptors take the lowest free numbers: maybe 1 and 2
             os.dup2(fd, target)
             os.close(fd)

@@ -3,12 +3,15 @@
 # from Debian's packages alone: no container registry is needed (air-gapped
 # clusters only need a Debian mirror, or a local copy of one).
 #
-# Usage: build-rootfs.sh OUT.tar AGENT.py [PACKAGES.txt]
+# Usage: build-rootfs.sh OUT.tar AGENT.pyz [PACKAGES.txt [REQUIREMENTS.txt]]
 #
-#   OUT.tar       the tarball to write, for `docker import`
-#   AGENT.pyz     the in-container agent (a zipapp), installed as /opt/retool_exec/agent.pyz
-#   PACKAGES.txt  packages to add to the Essential set, one a line, '#' comments
-#                 (default: packages.txt beside this script)
+#   OUT.tar           the tarball to write, for `docker import`
+#   AGENT.pyz         the in-container agent (a zipapp), installed as /opt/retool_exec/agent.pyz
+#   PACKAGES.txt      packages to add to the Essential set, one a line, '#' comments
+#                     (default: preset-math.txt beside this script)
+#   REQUIREMENTS.txt  PyPI requirements, one a line, installed with the image's own
+#                     pip (PACKAGES.txt must then list python3-pip); what pip
+#                     installed is written to OUT.tar.pip-freeze
 #
 # Env:
 #   RETOOL_EXEC_MIRRORS  apt source lines, one a line ("deb URI SUITE main"),
@@ -41,9 +44,42 @@ die() {
 
 # ---------------------------------------------------------------------------
 # Customize hook, run by mmdebstrap (as `build-rootfs.sh --customize-hook ROOT
-# AGENT`) once all packages are installed. ROOT is the root filesystem.
+# AGENT [REQUIREMENTS FREEZE]`) once all packages are installed. ROOT is the
+# root filesystem.
 customize() {
-  local root=$1 agent=$2
+  local root=$1 agent=$2 requirements=${3:-} freeze=${4:-}
+
+  # PyPI extras: installed by the image's own pip, so the image's Python and the
+  # Debian packages already there (numpy, ...) are what pip resolves against;
+  # then pip itself goes (the sandbox has no network to use it).
+  if [ -n "$requirements" ]; then
+    install -m 0644 "$requirements" "$root/tmp/requirements.txt"
+    # The host's trust store goes in for the download: a host behind a TLS-
+    # inspecting proxy trusts its CA, the fresh root filesystem does not. Host
+    # paths in pip's environment (find-links, constraints, config) mean nothing
+    # in the chroot; index URLs, proxies and timeouts are kept.
+    local ca= candidate
+    for candidate in "${PIP_CERT:-}" "${REQUESTS_CA_BUNDLE:-}" "${SSL_CERT_FILE:-}" \
+      /etc/ssl/certs/ca-certificates.crt; do
+      if [ -n "$candidate" ] && [ -r "$candidate" ]; then ca=$candidate && break; fi
+    done
+    local pipenv=(env -u PIP_FIND_LINKS -u PIP_CONSTRAINT -u PIP_CONFIG_FILE -u PIP_CERT
+      PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_CONFIG_FILE=/dev/null)
+    if [ -n "$ca" ]; then
+      install -m 0644 "$ca" "$root/tmp/host-ca.crt"
+      pipenv+=(PIP_CERT=/tmp/host-ca.crt SSL_CERT_FILE=/tmp/host-ca.crt REQUESTS_CA_BUNDLE=/tmp/host-ca.crt)
+      echo "build-rootfs: pip trusts the host's CA bundle $ca" >&2
+    fi
+    # Debian's pip, run as root, installs into /usr/local/lib/python3.X/dist-packages.
+    chroot "$root" "${pipenv[@]}" python3 -m pip install \
+      --no-cache-dir --break-system-packages --root-user-action=ignore \
+      --no-warn-script-location -r /tmp/requirements.txt
+    local site
+    site=$(chroot "$root" python3 -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+    chroot "$root" python3 -m pip list --format=freeze --path "$site" >"$freeze"
+    chroot "$root" dpkg --purge python3-pip
+    find "$root/usr/local" -name __pycache__ -type d -prune -exec rm -rf {} +
+  fi
 
   # The agent: the only project code inside the image.
   install -d -m 0755 -o 0 -g 0 "$root/opt" "$root/opt/retool_exec"
@@ -101,15 +137,16 @@ customize() {
 }
 
 if [ "${1:-}" = --customize-hook ]; then
-  [ $# -eq 3 ] || die "usage: $0 --customize-hook ROOT AGENT"
-  customize "$2" "$3"
+  [ $# -eq 3 ] || [ $# -eq 5 ] || die "usage: $0 --customize-hook ROOT AGENT [REQUIREMENTS FREEZE]"
+  shift
+  customize "$@"
   exit 0
 fi
 
 # ---------------------------------------------------------------------------
 # Build.
-if [ $# -lt 2 ] || [ $# -gt 3 ]; then
-  die "usage: $0 OUT.tar AGENT.pyz [PACKAGES.txt]"
+if [ $# -lt 2 ] || [ $# -gt 4 ]; then
+  die "usage: $0 OUT.tar AGENT.pyz [PACKAGES.txt [REQUIREMENTS.txt]]"
 fi
 self=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
 out=$1
@@ -117,7 +154,14 @@ if [ ! -f "$2" ] || [ ! -r "$2" ]; then
   die "agent file not readable: $2"
 fi
 agent=$(realpath "$2")
-packages_file=${3:-$(dirname "$self")/packages.txt}
+packages_file=${3:-$(dirname "$self")/preset-math.txt}
+requirements=
+if [ $# -eq 4 ]; then
+  [ -r "$4" ] || die "requirements not readable: $4"
+  requirements=$(realpath "$4")
+  grep -qx 'python3-pip' <(sed -e 's/#.*//' -e 's/[[:space:]]//g' "$packages_file") \
+    || die "PyPI requirements need python3-pip in $packages_file"
+fi
 
 [ -r "$packages_file" ] || die "package list not readable: $packages_file"
 command -v mmdebstrap >/dev/null || die "mmdebstrap not found: apt-get install -y mmdebstrap"
@@ -188,6 +232,9 @@ done
 
 # shellcheck disable=SC2016 # "$1" is for the hook's shell: mmdebstrap passes the root there
 hook=$(printf '%q --customize-hook "$1" %q' "$self" "$agent")
+if [ -n "$requirements" ]; then
+  hook+=$(printf ' %q %q' "$requirements" "$(realpath "$out").pip-freeze")
+fi
 
 set -x
 mmdebstrap \
