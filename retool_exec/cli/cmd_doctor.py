@@ -95,7 +95,7 @@ def build_doctor_configs(
 
 def _handle(args: argparse.Namespace) -> int:
     from retool_exec.backends.docker.client import connect
-    from retool_exec.backends.docker.image import image_tag
+    from retool_exec.backends.docker.image import build_flags, find_image, image_tag
     from retool_exec.doctor import run_doctor
 
     names = list(args.backend or DEFAULT_BACKENDS[:1])
@@ -114,18 +114,23 @@ def _handle(args: argparse.Namespace) -> int:
         info = client.info()
         runtimes = sorted(info.get("Runtimes", {}))
         _line(True, "Docker daemon reachable", f"server {info.get('ServerVersion')}")
-        tags = {
-            c.image or image_tag() for c in configs.values() if isinstance(c, DockerConfig)
-        } or {image_tag()}
-        for tag in sorted(tags):
-            present = bool(client.images.list(name=tag))
-            _line(
-                present,
-                "sandbox image present",
-                tag if present else f"{tag}: run `retool-exec image build`",
-            )
-            if not present:
+        dockers = [c for c in configs.values() if isinstance(c, DockerConfig)]
+        images = {c.image or image_tag(c.spec): c for c in dockers} or {
+            image_tag(): DockerConfig()
+        }
+        for tag, wanted in sorted(images.items()):
+            found = find_image(client, tag)
+            if found is None:
+                hint = (
+                    "not in the daemon (images are never pulled: `docker load` it)"
+                    if wanted.image
+                    else f"run `retool-exec image build{build_flags(wanted.spec)}`"
+                )
+                _line(False, "sandbox image present", f"{tag}: {hint}")
                 return 1
+            what = found.spec or "your own image: the agent is sent in at start"
+            pip = f"; from PyPI: {', '.join(found.pip)}" if found.pip else ""
+            _line(True, "sandbox image present", f"{tag} ({what}{pip})")
         _line(True, "runtimes", ", ".join(runtimes))
     finally:
         client.close()

@@ -144,7 +144,7 @@ def find_orphans(client: docker.DockerClient) -> list[Orphan]:
 def remove_container(client: docker.DockerClient, container_id: str) -> None:
     """Force-remove a container; already gone (or going) is fine."""
     try:
-        retry_docker(lambda: client.api.remove_container(container_id, force=True))
+        retry_docker(lambda: client.api.remove_container(container_id, force=True, v=True))
     except docker.errors.NotFound:
         pass
     except docker.errors.APIError as exc:
@@ -272,7 +272,7 @@ class ContainerFactory:
             if duplicate is not None:
                 duplicate.close()
             with contextlib.suppress(Exception):
-                api.remove_container(container_id, force=True)
+                api.remove_container(container_id, force=True, v=True)
             raise
         return container_id, duplicate
 
@@ -318,7 +318,7 @@ class ContainerFactory:
                 all=True, filters={"label": f"{LABEL_POOL}={self.pool_id}"}
             ):
                 with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
-                    self.client.api.remove_container(info["Id"], force=True)
+                    self.client.api.remove_container(info["Id"], force=True, v=True)
 
         with contextlib.suppress(Exception):
             await self._blocking(sweep)

@@ -168,6 +168,8 @@ def container_spec(
         "labels": dict(labels),
         "stdin_open": True,
         "tty": False,
+        # An image's HEALTHCHECK would exec a process into the sandbox now and then.
+        "healthcheck": {"test": ["NONE"]},
         "network_disabled": False,  # True would empty /etc/hosts; network_mode none isolates
     }
     return ContainerSpec(create=create, host_config=host_config)

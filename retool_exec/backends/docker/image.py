@@ -70,9 +70,11 @@ __all__ = [
     "build_flags",
     "build_image",
     "ensure_image",
+    "find_image",
     "image_choice",
     "image_files_dir",
     "image_tag",
+    "is_current",
     "list_images",
 ]
 
@@ -127,6 +129,8 @@ class ImageInfo:
     """What it holds (``ImageSpec.describe()``); empty for an image built before specs."""
     pip: tuple[str, ...] = ()
     """PyPI packages its build installed (``name==version``)."""
+    spec_json: str = ""
+    """The spec label as stored (JSON), when it is a valid spec."""
 
 
 # ---------------------------------------------------------------------------
@@ -257,10 +261,19 @@ def image_choice(tag: str, attrs: Mapping[str, Any]) -> ImageChoice:
     """How to run the image ``tag`` (``attrs``: its inspect data) with this host's agent."""
     from retool_exec.backends.docker.bootstrap import needs_bootstrap
 
+    config = attrs.get("Config") or {}
+    if config.get("Volumes"):
+        # Docker would mount an anonymous volume there: storage the calls could write,
+        # outside the read-only root and the tmpfs the reset checks.
+        raise ImageError(
+            f"image {tag!r} declares VOLUME {', '.join(sorted(config['Volumes']))}; a sandbox "
+            "image must not (calls could leave files there for the next call): build it "
+            "without VOLUME"
+        )
     zipapp = agent_zipapp()
     if not needs_bootstrap(attrs, hashlib.sha256(zipapp).hexdigest()[:16]):
         return ImageChoice(tag)
-    env = (attrs.get("Config") or {}).get("Env") or []
+    env = config.get("Env") or []
     path = next((item[5:] for item in env if item.startswith("PATH=")), None)
     return ImageChoice(tag, send_agent=zipapp, image_path=path)
 
@@ -292,15 +305,30 @@ def _info(image: docker.models.images.Image, *, built: bool, tag: str | None = N
         ours = [t for t in image.tags if t.startswith(f"{IMAGE_REPOSITORY}:")]
         tag = sorted(ours)[0] if ours else ""
     labels = (attrs.get("Config") or {}).get("Labels") or {}
+    spec_json = labels.get(SPEC_LABEL, "")
+    described = _describe_spec_label(spec_json)
     return ImageInfo(
         tag=tag,
         id=str(attrs.get("Id", image.id)),
         size_bytes=int(attrs.get("Size") or 0),
         created=_parse_created(str(attrs.get("Created", ""))),
         built=built,
-        spec=_describe_spec_label(labels.get(SPEC_LABEL, "")),
+        spec=described,
+        spec_json=spec_json if described else "",
         pip=tuple(name for name in labels.get(PIP_LABEL, "").split(",") if name),
     )
+
+
+def is_current(info: ImageInfo) -> bool:
+    """Whether ``info`` is its spec's image as this version builds it (agent and script)."""
+    return bool(info.spec_json) and info.tag == image_tag(
+        ImageSpec.model_validate_json(info.spec_json)
+    )
+
+
+def find_image(client: docker.DockerClient, tag: str) -> ImageInfo | None:
+    """The image ``tag`` if the daemon has it."""
+    return _find(client, tag)
 
 
 def _describe_spec_label(text: str) -> str:

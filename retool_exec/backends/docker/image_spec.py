@@ -142,7 +142,7 @@ class ImageSpec(BaseModel):
 
     def describe(self) -> str:
         """One line for logs and ``image ls``: ``datascience +apt python3-bs4 +pip tabulate``."""
-        parts = [self.preset]
+        parts: list[str] = [self.preset]
         if self.apt:
             parts.append("+apt " + ",".join(self.apt))
         if self.pip:
@@ -151,7 +151,7 @@ class ImageSpec(BaseModel):
 
     @classmethod
     def from_toml(cls, path: str | Path) -> ImageSpec:
-        """Load a spec from a TOML file (top-level keys ``preset``, ``apt``, ``pip``, ``preload``)."""
+        """A spec from a TOML file: top-level keys ``preset``, ``apt``, ``pip``, ``preload``."""
         try:
             data: dict[str, Any] = tomllib.loads(Path(path).read_text())
         except OSError as exc:
@@ -171,4 +171,3 @@ class ImageSpec(BaseModel):
 def default_spec() -> ImageSpec:
     """The image used when a config names none."""
     return ImageSpec()
-
