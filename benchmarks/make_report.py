@@ -3,6 +3,9 @@
     benchmarks/run.sh                       # what produced the committed page
     python benchmarks/make_report.py --render-only   # re-render from docs/benchmarks.json
 
+The Peers section comes from docs/benchmarks-peers.json (``benchmarks/peers.py``,
+which run.sh runs after the matrix); without that file the page has no such section.
+
 The page is generated: every number on it comes from the JSON that the run
 wrote next to it, so it can be checked and re-rendered without re-running.
 Edit this script, not the page.
@@ -28,6 +31,9 @@ from retool_exec.bench.report import (
     workload_tables,
 )
 from retool_exec.bench.results import BenchResult
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/peers.py
+import peers
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_BACKENDS = "local,docker-reuse,docker-fresh,docker-runsc"
@@ -193,7 +199,14 @@ METHOD = """\
 """
 
 
-def render(result: BenchResult, *, plot_name: str, json_name: str) -> str:
+def render(
+    result: BenchResult,
+    *,
+    plot_name: str,
+    json_name: str,
+    peers_result: peers.PeersResult | None = None,
+    peers_json_name: str = peers.DEFAULT_JSON.name,
+) -> str:
     command = result.settings.command
     targets = target_table(result)
     parts = [
@@ -223,6 +236,11 @@ def render(result: BenchResult, *, plot_name: str, json_name: str) -> str:
         "",
         "## Targets",
         "",
+        *(
+            ["How it compares with epicbox and llm-sandbox: [Peers](#peers).", ""]
+            if peers_result is not None
+            else []
+        ),
         "Each target of the Docker backend, the figure this run measured for it, and "
         "the verdict (NOT MEASURED is never a pass; a cell with failed calls fails). "
         "A ratio close to its limit is within this shared machine's run-to-run noise: "
@@ -253,6 +271,8 @@ def render(result: BenchResult, *, plot_name: str, json_name: str) -> str:
     parts += ["## Start-up, fresh policy, client CPU, memory", ""]
     for table in extra_tables(result):
         parts += [render_markdown_table(table, heading=f"### {table.title}"), ""]
+    if peers_result is not None:
+        parts += [peers.render_section(peers_result, json_name=peers_json_name)]
     if result.notes:
         parts += ["## Notes from the run", ""]
         parts += [f"- {note}" for note in result.notes]
@@ -271,6 +291,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=ROOT / "docs" / "benchmarks.json")
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "benchmarks.png")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
+    parser.add_argument("--peers-json", type=Path, default=peers.DEFAULT_JSON)
     parser.add_argument("--backends", default=DEFAULT_BACKENDS)
     parser.add_argument("--local-python", default=None)
     parser.add_argument("--render-only", action="store_true", help="do not run; re-render")
@@ -282,7 +303,19 @@ def main() -> int:
     raw = scrub_paths(args.json.read_text())
     args.json.write_text(raw)
     result = BenchResult.model_validate_json(raw)
-    page = scrub_paths(render(result, plot_name=args.plot.name, json_name=args.json.name))
+    peers_result = None
+    if args.peers_json.exists():
+        peers_raw = scrub_paths(args.peers_json.read_text())
+        peers_result = peers.PeersResult.model_validate_json(peers_raw)
+    page = scrub_paths(
+        render(
+            result,
+            plot_name=args.plot.name,
+            json_name=args.json.name,
+            peers_result=peers_result,
+            peers_json_name=args.peers_json.name,
+        )
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(page)
     print(f"wrote {args.out} ({dt.datetime.now(dt.UTC):%H:%M:%S} UTC)", file=sys.stderr)

@@ -6,8 +6,13 @@
 #    local and Docker import the same libraries.
 # 2. benchmarks/make_report.py: waits (up to 10 min) for a quiet machine, runs
 #    `retool-exec bench` over every backend and policy, renders the page.
+# 3. benchmarks/peers.py: epicbox and llm-sandbox (each in its own venv, made
+#    by benchmarks/peers/setup.sh) against local, docker-reuse and docker-fresh,
+#    interleaved, into docs/benchmarks-peers.json; then the page is rendered
+#    again with its Peers section. BENCH_PEERS=0 skips this step.
 #
-# Extra arguments go to `retool-exec bench` (e.g. --quick for a dry run).
+# Extra arguments go to `retool-exec bench` (e.g. --quick for a dry run; the
+# peers run gets --quick too).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,4 +29,14 @@ fi
 "$PYTHON" -c 'import matplotlib' 2>/dev/null || "$PYTHON" -m pip install --quiet -e '.[bench]'
 
 uptime >&2
-exec "$PYTHON" benchmarks/make_report.py --local-python "$BASELINE/bin/python" "$@"
+"$PYTHON" benchmarks/make_report.py --local-python "$BASELINE/bin/python" "$@"
+
+if [ "${BENCH_PEERS:-1}" != 0 ]; then
+    peers_args=()
+    for arg in "$@"; do
+        [ "$arg" != --quick ] || peers_args+=(--quick)
+    done
+    PYTHON="$PYTHON" benchmarks/peers/setup.sh
+    "$PYTHON" benchmarks/peers.py --no-setup --local-python "$BASELINE/bin/python" "${peers_args[@]}"
+    "$PYTHON" benchmarks/make_report.py --render-only
+fi
