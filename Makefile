@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 $(BIN)/retool-exec: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,server,bench,mcp]'
+	$(BIN)/pip install --quiet -e '.[dev,server,bench,mcp,ray]'
 	touch $@
 
 setup: $(BIN)/retool-exec

@@ -34,6 +34,7 @@ TEST_SETTINGS: dict[str, dict[str, object]] = {
     "docker-fresh": {"pool_size": 4},
     "docker-reuse": {"pool_size": 2},
     "docker-runsc": {"pool_size": 2},
+    "ray": {"pool_size": 2, "node_resource": "docker"},  # the test cluster's two worker nodes
 }
 """What the tests change on top of the table's configs (small pools; labelled containers)."""
 
@@ -79,7 +80,11 @@ def needs_docker(backend_id: str) -> bool:
 
 def _backend_params() -> list[object]:
     return [
-        pytest.param(bid, id=bid, marks=[pytest.mark.docker] if needs_docker(bid) else [])
+        pytest.param(
+            bid,
+            id=bid,
+            marks=[pytest.mark.docker] * needs_docker(bid) + [pytest.mark.ray] * (bid == "ray"),
+        )
         for bid in BACKEND_IDS
     ]
 
@@ -89,7 +94,27 @@ def backend_id(request: pytest.FixtureRequest) -> str:
     bid: str = request.param
     if needs_docker(bid):
         require_docker()
+    if bid == "ray":
+        request.getfixturevalue("ray_cluster")  # joined by the ray backend (address None)
     return bid
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(_sandboxes: dict[str, Sandbox]) -> Iterator[object]:
+    """A head and two worker nodes on this machine (tests/ray/cluster.py), Ray joined;
+    the shared ray sandbox is closed before the cluster stops, and no process outlives it."""
+    require_docker()
+    from tests.ray.cluster import LocalCluster
+
+    cluster = LocalCluster()
+    try:
+        yield cluster
+    finally:
+        shared = _sandboxes.pop("ray", None)
+        if shared is not None:
+            shared.close()
+        left = cluster.shutdown()
+    assert not left, f"Ray processes outlived the cluster and were killed: {left}"
 
 
 def session_containers() -> list[str]:

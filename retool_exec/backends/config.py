@@ -20,7 +20,14 @@ from retool_exec.backends.docker.image_spec import ImageSpec
 if TYPE_CHECKING:
     from retool_exec.backends.base import Backend
 
-__all__ = ["AnyBackendConfig", "BackendConfigBase", "DockerConfig", "FakeConfig", "LocalConfig"]
+__all__ = [
+    "AnyBackendConfig",
+    "BackendConfigBase",
+    "DockerConfig",
+    "FakeConfig",
+    "LocalConfig",
+    "RayConfig",
+]
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Names the sandbox sets itself; a user-supplied value must not override them.
@@ -189,5 +196,41 @@ class DockerConfig(BackendConfigBase):
         return DockerBackend(self)
 
 
-AnyBackendConfig = Annotated[LocalConfig | DockerConfig | FakeConfig, Field(discriminator="kind")]
+class RayConfig(DockerConfig):
+    """Docker containers on every node of a Ray cluster: one Sandbox over a fleet of hosts.
+
+    Every Docker setting above applies to each node's own pool (``pool_size`` is
+    the calls one node runs at once); the fields below say where the fleet is
+    and how calls move in it. See docs/scaling.md for every decision's reason.
+    """
+
+    kind: Literal["ray"] = "ray"  # type: ignore[assignment]  # a DockerConfig per node, plus the fleet
+    address: str | None = None
+    """The Ray cluster. None or ``"auto"``: join the one this process is already in (the
+    training job's ``ray.init``, ``RAY_ADDRESS``, or a ``ray start`` on this host); no
+    cluster is an error, never a new cluster started behind the job's back. ``"local"``:
+    start a private single-node Ray here (a laptop). Anything else: ``ray.init(address)``."""
+    node_resource: str | None = None
+    """Only nodes offering this custom Ray resource run sandboxes (mark Docker hosts with
+    ``ray start --resources='{"docker": 1}'``); None: every alive node."""
+    max_in_flight: int = Field(default=256, ge=1, le=65536)
+    """Calls this driver keeps in the fleet at once (the capacity a Sandbox sees). The fleet's
+    own capacity changes as nodes come and go; calls beyond its free slots wait in the router."""
+    rerun_budget: float = Field(default=30.0, ge=0)
+    """A call whose node was lost is run again on another node if it has taken at most this
+    many seconds so far; else it ends as a ``sandbox_error``. 0: never run a call twice."""
+    node_wait: float = Field(default=60.0, gt=0)
+    """Seconds a call waits while no node at all can take it before it is a ``sandbox_error``."""
+    refresh_interval: float = Field(default=1.0, gt=0, le=60)
+    """Seconds between looks at Ray's node table (nodes joining and leaving)."""
+
+    def build(self) -> Backend:
+        from retool_exec.backends.ray.backend import RayBackend
+
+        return RayBackend(self)
+
+
+AnyBackendConfig = Annotated[
+    LocalConfig | DockerConfig | FakeConfig | RayConfig, Field(discriminator="kind")
+]
 """Any built-in backend config, chosen by its ``kind`` field when parsed from data."""

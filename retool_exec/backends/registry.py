@@ -27,7 +27,13 @@ from pydantic import ValidationError
 
 from retool_exec._errors import BackendNotFoundError, ConfigError
 from retool_exec.backends.base import Backend
-from retool_exec.backends.config import BackendConfigBase, DockerConfig, FakeConfig, LocalConfig
+from retool_exec.backends.config import (
+    BackendConfigBase,
+    DockerConfig,
+    FakeConfig,
+    LocalConfig,
+    RayConfig,
+)
 
 __all__ = [
     "BUILTIN_BACKENDS",
@@ -140,6 +146,16 @@ BUILTIN_BACKENDS: tuple[BackendSpec, ...] = (
         "Docker with gVisor's runsc registered as the runtime `runsc` "
         "(`make docker-up` does both on Debian); the sandbox image as for docker",
         preset={"policy": "reuse", "runtime": "runsc"},
+        isolating=True,
+    ),
+    BackendSpec(
+        "ray",
+        RayConfig,
+        "docker-reuse pools on every node of a Ray cluster; each call goes to the least-loaded "
+        "node and is run again elsewhere if its node is lost",
+        "Ray (`pip install 'retool_exec[ray]'`) and a running cluster to join; on each node, "
+        "Docker and the sandbox image as for docker (see docs/scaling.md)",
+        preset={"policy": "reuse"},
         isolating=True,
     ),
     BackendSpec(
