@@ -15,6 +15,7 @@ import textwrap
 from collections.abc import Iterable
 
 from retool_exec._models import Outcome
+from retool_exec.backends.docker.agent import wire
 from retool_exec.security.model import Observation
 
 __all__ = [
@@ -31,10 +32,18 @@ import ctypes, errno, json, os, sys, time
 TOKEN = "__TOKEN__"
 # In a container the agent's supervisor is PID 1 (the call's parent is the zygote);
 # elsewhere the call's parent is the host process that runs the sandbox.
-IN_AGENT_SANDBOX = os.path.isdir("/opt/retool_exec")
+# The agent runs each container's calls as a uid of its own range; the image may
+# not be ours (a bring-your-own image has no /opt/retool_exec).
+IN_AGENT_SANDBOX = (os.path.isdir("/opt/retool_exec")
+                    or __UID_LOW__ <= os.getuid() <= __UID_HIGH__)
 AGENT = 1 if IN_AGENT_SANDBOX else os.getppid()
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
+try:
+    libc.mq_open
+    librt = libc
+except AttributeError:  # glibc < 2.34 keeps the POSIX queue calls in librt
+    librt = ctypes.CDLL("librt.so.1", use_errno=True)
 
 
 def report(**facts):
@@ -110,6 +119,10 @@ def daemon(body, seconds):
 
 
 '''
+PRELUDE = PRELUDE.replace("__UID_LOW__", str(wire.SANDBOX_UID_RANGE[0])).replace(
+    "__UID_HIGH__", str(wire.SANDBOX_UID_RANGE[1])
+)
+
 """The attacker's toolbox, prepended to every non-raw case."""
 
 

@@ -105,17 +105,17 @@ CASES: tuple[Case, ...] = (
         klass=CaseClass.ISOLATION,
         title="a POSIX message queue made by call N is absent in call N+1",
         code=code("""
-            libc.mq_open.restype = ctypes.c_int
-            mqd = libc.mq_open(f"/{TOKEN}".encode(), os.O_CREAT | os.O_RDWR, 0o600, None)
+            librt.mq_open.restype = ctypes.c_int
+            mqd = librt.mq_open(f"/{TOKEN}".encode(), os.O_CREAT | os.O_RDWR, 0o600, None)
             report(created=mqd >= 0, error=None if mqd >= 0 else last_error())
         """),
         follow_up=code("""
-            libc.mq_open.restype = ctypes.c_int
+            librt.mq_open.restype = ctypes.c_int
             name = f"/{TOKEN}".encode()
-            mqd = libc.mq_open(name, os.O_RDWR)
+            mqd = librt.mq_open(name, os.O_RDWR)
             present = [name.decode()] if mqd >= 0 else []
             if mqd >= 0:
-                libc.mq_unlink(name)
+                librt.mq_unlink(name)
             report(present=present)
         """),
         contained=_absent,

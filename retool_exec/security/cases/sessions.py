@@ -273,8 +273,8 @@ _LEAVE = """
             handle.write("left by a session family")
     key = int(TOKEN[2:9], 16)
     shmid = libc.shmget(key, 4096, 0o1000 | 0o600)  # IPC_CREAT
-    libc.mq_open.restype = ctypes.c_int
-    mqd = libc.mq_open(f"/{TOKEN}".encode(), os.O_CREAT | os.O_RDWR, 0o600, None)
+    librt.mq_open.restype = ctypes.c_int
+    mqd = librt.mq_open(f"/{TOKEN}".encode(), os.O_CREAT | os.O_RDWR, 0o600, None)
 
     def linger(deadline):
         while time.monotonic() < deadline:
@@ -301,11 +301,11 @@ _FIND_LEFT = """
     shmid = libc.shmget(key, 0, 0)
     if shmid >= 0:
         present.append(f"SysV segment {hex(key)}")
-    libc.mq_open.restype = ctypes.c_int
-    mqd = libc.mq_open(f"/{TOKEN}".encode(), os.O_RDWR)
+    librt.mq_open.restype = ctypes.c_int
+    mqd = librt.mq_open(f"/{TOKEN}".encode(), os.O_RDWR)
     if mqd >= 0:
         present.append(f"POSIX queue /{TOKEN}")
-        libc.mq_close(mqd)
+        librt.mq_close(mqd)
     present += [f"process {pid}" for pid, state in watch_named() if state != "Z"]
 """
 
@@ -322,7 +322,7 @@ _LOOK_AND_CLEAN = (
             os.unlink(path)
     if shmid >= 0:
         libc.shmctl(shmid, 0, None)  # IPC_RMID
-    libc.mq_unlink(f"/{TOKEN}".encode())
+    librt.mq_unlink(f"/{TOKEN}".encode())
     report(present=present)
 """
 )
