@@ -104,7 +104,7 @@ sys.exit(main(["agent.pyz"] + sys.argv[1:]))
 _STDLIB = (
     "array", "ast", "base64", "ctypes", "gc", "hashlib", "importlib.abc", "importlib.util",
     "io", "json", "random", "resource", "secrets", "select", "shutil", "signal", "socket",
-    "stat", "struct", "threading", "traceback", "typing", "zipfile", "zlib",
+    "stat", "struct", "tempfile", "threading", "traceback", "typing", "zipfile", "zlib",
 )  # fmt: skip
 """What the agent imports; checked first, so a minimal Python is named as the cause."""
 

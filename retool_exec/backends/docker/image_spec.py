@@ -34,7 +34,10 @@ PRESETS: dict[str, str] = {
 
 PRESET_PRELOAD: dict[str, tuple[str, ...]] = {
     "math": ("numpy", "sympy", "scipy", "mpmath"),
-    "datascience": ("numpy", "sympy", "scipy", "mpmath", "pandas"),
+    "datascience": (
+        *("numpy", "sympy", "scipy", "mpmath", "pandas"),
+        *("matplotlib.pyplot", "networkx", "sklearn.linear_model"),
+    ),
 }
 """What the zygote imports once under the ``reuse`` policy, per preset (override: ``preload``)."""
 

@@ -70,16 +70,36 @@ def make_call_safe() -> None:
 
 
 def preload(modules: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Import (and warm up) ``modules`` once, for every call to inherit.
+
+    Imports run with ``HOME`` in a scratch directory that is removed afterwards:
+    a library that writes a cache at import (matplotlib's font list) then
+    leaves nothing in ``/tmp`` for the reset to find, and its in-memory result
+    is what the calls inherit.
+    """
+    import shutil
+    import tempfile
+
     loaded, failed = [], {}
-    for module in modules:
-        try:
-            __import__(module)
-            warmup = WARMUPS.get(module)
-            if warmup:
-                exec(warmup, {module: sys.modules[module]})
-            loaded.append(module)
-        except Exception as exc:  # a missing optional module must not stop the agent
-            failed[module] = f"{type(exc).__name__}: {exc}"
+    home = os.environ.get("HOME")
+    scratch = tempfile.mkdtemp(prefix=".preload-")
+    os.environ["HOME"] = scratch
+    try:
+        for module in modules:
+            try:
+                __import__(module)
+                warmup = WARMUPS.get(module)
+                if warmup:
+                    exec(warmup, {module: sys.modules[module]})
+                loaded.append(module)
+            except Exception as exc:  # a missing optional module must not stop the agent
+                failed[module] = f"{type(exc).__name__}: {exc}"
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        if home is None:
+            os.environ.pop("HOME", None)
+        else:
+            os.environ["HOME"] = home
     gc.collect()
     gc.freeze()  # keep the collector from touching (and so copying) the zygote's pages
     return loaded, failed
