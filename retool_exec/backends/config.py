@@ -99,7 +99,7 @@ class DockerConfig(BackendConfigBase):
     """OCI runtime, e.g. ``"runsc"`` for gVisor; None uses the daemon's default (runc)."""
     image: str | None = None
     """An image of your own to run (any image with a ``python3`` >= 3.9: the agent is sent
-    in at start, see docs/images.md); None runs the image built from ``image_spec``."""
+    in at start, see images/README.md); None runs the image built from ``image_spec``."""
     image_spec: ImageSpec | None = None
     """The image to build and run: a preset plus extra Debian and PyPI packages (a TOML
     file's path is accepted too). None: the default image (``ImageSpec()``)."""

@@ -115,9 +115,7 @@ def _handle(args: argparse.Namespace) -> int:
         runtimes = sorted(info.get("Runtimes", {}))
         _line(True, "Docker daemon reachable", f"server {info.get('ServerVersion')}")
         dockers = [c for c in configs.values() if isinstance(c, DockerConfig)]
-        images = {c.image or image_tag(c.spec): c for c in dockers} or {
-            image_tag(): DockerConfig()
-        }
+        images = {c.image or image_tag(c.spec): c for c in dockers} or {image_tag(): DockerConfig()}
         for tag, wanted in sorted(images.items()):
             found = find_image(client, tag)
             if found is None:

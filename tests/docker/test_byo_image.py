@@ -142,7 +142,7 @@ FOREIGN_DIFFERENCES = {
     "priv-setuid-binaries": "the image ships setuid binaries (su, newgrp, unix_chkpwd) and is "
     "not modified; no_new_privs keeps them inert (asserted below)",
 }
-"""Cases a foreign image cannot pass by its content alone; docs/images.md lists them."""
+"""Cases a foreign image cannot pass by its content alone; images/README.md lists them."""
 
 
 def _case_param(case_id: str) -> object:

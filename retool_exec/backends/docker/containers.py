@@ -263,7 +263,7 @@ class ContainerFactory:
                     raise ImageError(
                         f"image {self.image!r} cannot host the sandbox agent: no python3 on its "
                         f"PATH ({self._spec.create['environment']['PATH']}); it needs "
-                        "python3 >= 3.9 (docs/images.md)"
+                        "python3 >= 3.9 (images/README.md)"
                     ) from exc
                 raise
             if self._agent_frame:  # the image lacks this agent: the bootstrap reads it first
