@@ -42,6 +42,7 @@ from retool_exec.backends.config import (
     FakeConfig,
     LocalConfig,
 )
+from retool_exec.backends.docker.image_spec import ImageSpec
 from retool_exec.backends.fake import FakeBackend
 from retool_exec.backends.registry import available_backends, register_backend
 
@@ -65,6 +66,7 @@ __all__ = [
     "FakeBackend",
     "FakeConfig",
     "ImageError",
+    "ImageSpec",
     "LocalConfig",
     "LocalPythonSandbox",
     "Outcome",
