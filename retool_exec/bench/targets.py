@@ -1,4 +1,4 @@
-"""The Docker backend's performance targets, judged from one run's raw figures (pure).
+"""The Docker (and ray) backends' performance targets, judged from one run's raw figures (pure).
 
 Every target is stated, measured and marked PASS or FAIL; a figure that was
 not measured (a backend or workload left out of the run) is NOT MEASURED,
@@ -262,6 +262,53 @@ def _fork_target(result: BenchResult) -> Target:
     return Target(name, requirement, measured, p50 <= FORK_LIMIT)
 
 
+RAY_P50_MARGIN = 0.003
+"""Seconds the ray backend's print p50 may exceed docker-reuse's (its routing overhead)."""
+RAY_THROUGHPUT_RATIO = 0.8
+"""The ray backend's throughput at 16 callers over docker-reuse's, at least."""
+
+
+def _ray_targets(result: BenchResult, concurrency: int = 16) -> list[Target]:
+    """The ray backend against docker-reuse in the same run (only when ray was run)."""
+    if "ray" not in result.settings.backends:
+        return []
+    reuse = _reuse_name(result)
+    ray_one, ray_many = result.cell("ray", "print", 1), result.cell("ray", "print", concurrency)
+    reuse_one = result.cell(reuse, "print", 1) if reuse else None
+    reuse_many = result.cell(reuse, "print", concurrency) if reuse else None
+    name, requirement = (
+        "ray routing p50",
+        f"ray, print(2+3): p50 <= docker-reuse p50 + {_ms(RAY_P50_MARGIN)} (concurrency 1)",
+    )
+    if ray_one is None or reuse_one is None:
+        p50 = Target(name, requirement, "not measured (needs ray and docker-reuse)", None)
+    else:
+        mine, theirs = ray_one.summary().p50, reuse_one.summary().p50
+        measured = f"ray p50 {_ms(mine)} vs {reuse} p50 {_ms(theirs)} = +{_ms(mine - theirs)}"
+        failed = _failures(ray_one, reuse_one)
+        p50 = Target(
+            name,
+            requirement,
+            f"{measured}; {failed}" if failed else measured,
+            not failed and mine <= theirs + RAY_P50_MARGIN,
+        )
+    name = f"ray throughput x{concurrency}"
+    requirement = (
+        f"ray, {concurrency} concurrent callers, print(2+3): throughput >= "
+        f"{RAY_THROUGHPUT_RATIO:g} x docker-reuse"
+    )
+    if ray_many is None or reuse_many is None:
+        return [p50, Target(name, requirement, "not measured (needs ray and docker-reuse)", None)]
+    value = ratio(ray_many.throughput, reuse_many.throughput)
+    measured = (
+        f"ray {ray_many.throughput:.1f} calls/s vs {reuse} {reuse_many.throughput:.1f} calls/s"
+        + (f" = {value:.2f} x" if value is not None else "")
+    )
+    failed = _failures(ray_many, reuse_many)
+    ok = not failed and value is not None and value >= RAY_THROUGHPUT_RATIO
+    return [p50, Target(name, requirement, f"{measured}; {failed}" if failed else measured, ok)]
+
+
 def evaluate_targets(result: BenchResult) -> list[Target]:
     """Every target with its measured value and verdict, in the order the issue lists them."""
     targets = [
@@ -273,4 +320,4 @@ def evaluate_targets(result: BenchResult) -> list[Target]:
     ]
     targets.extend(_timeout_target(result, name) for name in result.settings.backends)
     targets += [_session_cell_target(result), _conversation_target(result), _fork_target(result)]
-    return targets
+    return targets + _ray_targets(result)

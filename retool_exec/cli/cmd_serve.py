@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import SecretStr, ValidationError
 
 from retool_exec._errors import BackendUnavailableError, ConfigError
-from retool_exec.backends.config import BackendConfigBase, LocalConfig
+from retool_exec.backends.config import BackendConfigBase, LocalConfig, RayConfig
 from retool_exec.backends.registry import backend_spec
 from retool_exec.cli._common import (
     EXIT_STATUS_HELP,
@@ -53,6 +53,14 @@ Backends (--backend NAME, default docker):
 {settings}
 The pool size defaults to --max-concurrency, the per-call timeout to
 min(30, --max-run-timeout).
+
+--backend ray serves over every Docker node of a Ray cluster (docs/scaling.md):
+it joins the cluster this host is part of (or --ray-address), --max-concurrency
+is then the calls in flight over the whole fleet, and each node's pool keeps
+pool_size containers (--set pool_size=N). Several servers may stand behind one
+load balancer: each has its own node actors and pools, and any of them can
+take any request (calls are stateless; only /v1 sessions, if used, need
+sticky routing).
 
 The backend starts before the server listens: a backend that cannot start,
 or an address that cannot be bound, stops the command with one line.
@@ -113,6 +121,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--docker-host", default=None, metavar="URL", help="docker: daemon address (DOCKER_HOST)"
     )
+    parser.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDR",
+        help="ray: the cluster to join (default: this host's, RAY_ADDRESS, or 'local')",
+    )
     parser.add_argument("--log-level", default="info", help="uvicorn log level (info)")
     parser.add_argument(
         "--allow-remote-local",
@@ -140,10 +154,12 @@ def _workers(args: argparse.Namespace) -> int:
 def build_config(args: argparse.Namespace) -> BackendConfigBase:
     """The backend config the command's arguments describe."""
     spec = backend_spec(args.backend)
-    defaults = {
-        "timeout": min(30.0, args.max_run_timeout),
-        "pool_size": min(_workers(args), 256),
-    }
+    defaults: dict[str, Any] = {"timeout": min(30.0, args.max_run_timeout)}
+    if issubclass(spec.config_class, RayConfig):
+        # The fleet's calls in flight; each node's pool keeps its own pool_size.
+        defaults["max_in_flight"] = min(_workers(args), 65536)
+    else:
+        defaults["pool_size"] = min(_workers(args), 256)
     flags = {
         key: (value, flag)
         for key, value, flag in (
@@ -151,6 +167,7 @@ def build_config(args: argparse.Namespace) -> BackendConfigBase:
             ("runtime", args.runtime, "--runtime"),
             ("docker_host", args.docker_host, "--docker-host"),
             ("memory_mb", args.max_memory_mb, "--max-memory-mb"),
+            ("address", getattr(args, "ray_address", None), "--ray-address"),
         )
         # --max-memory-mb clamps requests on every backend; it is a container limit
         # only where the backend has one.
