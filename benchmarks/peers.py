@@ -17,7 +17,7 @@ every ratio divides by the local backend's p50 from the same run.
 - **Their image, derived from ours** (no registry is reachable): a container
   of our sandbox image gets a ``python`` symlink and a ``/sandbox`` folder,
   and ``docker commit`` makes it an image with no entry point, labelled
-  ``org.retool_exec.bench.peers`` and tagged by the hash of what went in.
+  ``org.retool_exec_bench.peers`` and tagged by the hash of what went in.
 - **Concurrency 1 only**: the question is the cost of one call, each peer
   used as its README shows (``epicbox.run``; one ``SandboxSession``).
 - **Nothing left behind**: every container of the run carries the label (the
@@ -92,7 +92,8 @@ HARDENING: dict[str, str] = {
     "memory/pids/CPU/nofile/fsize limits",
     "docker-fresh": "as docker-reuse",
     "epicbox": "its default profile: network disabled, runs as root, writable root "
-    "filesystem, logging off; limits: memory, processes, CPU time and wall time as ours",
+    "filesystem, logging off; limits: memory and processes as ours, CPU time and wall "
+    "time = our timeout (it has no CPU share setting)",
     "llm-sandbox": "its defaults (runs as root, writable root filesystem, no security "
     "policy) plus `runtime_configs`: no network, memory, CPU share and pids as ours",
 }
