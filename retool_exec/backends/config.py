@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import re
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from retool_exec._formatting import DEFAULT_TIMEOUT, MAX_OUTPUT_CHARS
-from retool_exec.backends.docker.image_spec import ImageSpec
+from retool_exec.backends.docker.image_spec import PRESETS, ImageSpec
 
 if TYPE_CHECKING:
     from retool_exec.backends.base import Backend
@@ -101,8 +102,8 @@ class DockerConfig(BackendConfigBase):
     """An image of your own to run (any image with a ``python3`` >= 3.9: the agent is sent
     in at start, see images/README.md); None runs the image built from ``image_spec``."""
     image_spec: ImageSpec | None = None
-    """The image to build and run: a preset plus extra Debian and PyPI packages (a TOML
-    file's path is accepted too). None: the default image (``ImageSpec()``)."""
+    """The image to build and run: a preset plus extra Debian and PyPI packages (a preset's
+    name or a TOML file's path is accepted too). None: the default image (``ImageSpec()``)."""
     auto_build: bool = True
     """Build the spec's image when it is missing (a minute or two, once per spec)."""
     memory_mb: int = Field(default=1024, ge=32, le=1 << 20)
@@ -159,8 +160,16 @@ class DockerConfig(BackendConfigBase):
 
     @field_validator("image_spec", mode="before")
     @classmethod
-    def _spec_from_file(cls, value: object) -> object:
-        if isinstance(value, str):  # a TOML file's path (from --set image_spec=FILE)
+    def _spec_from_text(cls, value: object) -> object:
+        # From --set or a config file: a preset's name, or a TOML file's path.
+        if isinstance(value, str):
+            if value in PRESETS:
+                return {"preset": value}
+            if not Path(value).is_file():
+                raise ValueError(
+                    f"{value!r} is neither a preset ({', '.join(PRESETS)}) "
+                    "nor an image spec TOML file"
+                )
             return ImageSpec.from_toml(value)
         return value
 

@@ -126,6 +126,14 @@ def test_spec_from_toml_and_its_errors(tmp_path: Path) -> None:
         ImageSpec.from_toml(tmp_path / "missing.toml")
 
 
+def test_a_preset_name_is_a_spec_in_settings() -> None:
+    assert DockerConfig.model_validate({"image_spec": "datascience"}).spec == ImageSpec(
+        preset="datascience"
+    )
+    with pytest.raises(ValidationError, match="neither a preset"):
+        DockerConfig.model_validate({"image_spec": "no-such-preset"})
+
+
 def test_your_own_image_and_a_spec_exclude_each_other() -> None:
     with pytest.raises(ValidationError, match="not both"):
         DockerConfig(image="team/image:1", image_spec=ImageSpec())
