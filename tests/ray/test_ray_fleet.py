@@ -8,6 +8,7 @@ mocked: a node is removed by killing its raylet and workers.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import threading
@@ -22,7 +23,7 @@ import pytest
 from retool_exec import ExecResult, Outcome, Sandbox, SessionLostError
 from retool_exec.backends.config import RayConfig
 from retool_exec.backends.ray.actor import NODE_LABEL
-from retool_exec.backends.ray.backend import RayBackend
+from retool_exec.backends.ray.backend import CALL_MARGIN, RayBackend
 from tests.conftest import LABELS, SESSION_ID, TEST_LABEL
 from tests.ray.cluster import LocalCluster
 
@@ -231,3 +232,32 @@ def test_without_ray_the_error_says_what_to_install() -> None:
     ).stdout
     assert "pip install 'retool_exec[ray]'" in out
     assert out.endswith("False\n")
+
+
+def test_a_hung_node_actor_is_restarted_and_its_call_run_again(
+    cluster: LocalCluster, nodes: list[Any], resource: str
+) -> None:
+    import os
+    import signal
+
+    cluster.remove_node(nodes.pop())  # one node: the call cannot go elsewhere first
+    settings = {"timeout": 2.0, "start_timeout": 5.0, "rerun_budget": 60.0}
+    with Sandbox(config(resource, **settings), max_workers=2) as sandbox:
+        assert sandbox.run_code("print(1)").stdout == "1\n"
+        fleet = backend_of(sandbox).fleet
+        assert fleet is not None
+        (node,) = fleet.nodes.values()
+        pid = int(cluster.ray.get(node.actor.load.remote())["pid"])
+        os.kill(pid, signal.SIGSTOP)  # the actor hangs: alive to Ray, silent to us
+        try:
+            started = time.monotonic()
+            result = sandbox.run_code("print(3)")
+            took = time.monotonic() - started
+        finally:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGCONT)
+        assert (result.outcome, result.stdout) == (Outcome.SUCCESS, "3\n"), result
+        assert "no answer within" in result.detail, result
+        budget = 2.0 + 2.0 + 5.0 + CALL_MARGIN  # timeout + host_grace + start_timeout + margin
+        assert budget <= took < budget + 20
+        assert int(cluster.ray.get(node.actor.load.remote())["pid"]) != pid
