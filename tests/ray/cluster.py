@@ -123,3 +123,23 @@ class LocalCluster:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         return left
+
+
+def main(argv: list[str]) -> int:
+    """``python -m tests.ray.cluster COMMAND...``: run COMMAND with RAY_ADDRESS set to a
+    fresh head + two ``docker`` worker nodes on this machine (how docs/scaling.md benches
+    two nodes), then stop every process of the cluster."""
+    import subprocess
+
+    cluster = LocalCluster()
+    try:
+        env = {**os.environ, "RAY_ADDRESS": str(cluster.cluster.address)}
+        return subprocess.run(argv, env=env, check=False).returncode
+    finally:
+        cluster.shutdown()
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

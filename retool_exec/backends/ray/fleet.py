@@ -167,6 +167,9 @@ class Fleet:
             num_cpus=0,
             max_restarts=ACTOR_RESTARTS,
             max_concurrency=max(1000, 4 * docker.pool_size),
+            # No per-call task events to the GCS: CPU on every call for a record nobody
+            # reads here (Ray Serve turns them off for its replicas for the same reason).
+            enable_task_events=False,
         ).remote(docker.model_dump(mode="json"), node_id)
         budget = docker.start_timeout + (900.0 if docker.auto_build else 60.0)
         try:
