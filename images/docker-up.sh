@@ -135,7 +135,9 @@ elif pgrep -x dockerd >/dev/null 2>&1; then
 else
   # A previous dockerd of this machine may have left its pid file behind.
   rm -f /var/run/docker.pid
-  nohup "$dockerd_bin" >"$log" 2>&1 &
+  # Its own session: a job control or timeout that ends the caller's process
+  # group (a CI step, a terminal) must not take the daemon with it.
+  setsid nohup "$dockerd_bin" >"$log" 2>&1 </dev/null &
   dockerd_pid=$!
 fi
 

@@ -41,6 +41,7 @@ from retool_exec.backends.config import (
     DockerConfig,
     FakeConfig,
     LocalConfig,
+    RayConfig,
 )
 from retool_exec.backends.docker.image_spec import ImageSpec
 from retool_exec.backends.fake import FakeBackend
@@ -70,6 +71,7 @@ __all__ = [
     "LocalConfig",
     "LocalPythonSandbox",
     "Outcome",
+    "RayConfig",
     "RetoolExecError",
     "RunRequest",
     "Sandbox",

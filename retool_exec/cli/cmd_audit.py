@@ -97,8 +97,14 @@ def register(subparsers: Any) -> None:
 
 
 def default_backends() -> list[str]:
-    """Every backend of the table but aliases and ``fake`` (which runs nothing)."""
-    return [spec.name for spec in backend_specs() if spec.alias_of is None and spec.name != "fake"]
+    """Every backend of the table but aliases, ``fake`` (which runs nothing) and ``ray``
+    (it needs a running cluster, and runs docker-reuse containers on each node: audit it
+    with ``--backend ray`` next to one)."""
+    return [
+        spec.name
+        for spec in backend_specs()
+        if spec.alias_of is None and spec.name not in ("fake", "ray")
+    ]
 
 
 def build_audit_configs(

@@ -178,7 +178,7 @@ def test_register_backend_accepts_a_config_subclass() -> None:
 
 # -- the table of backend names ------------------------------------------------------------
 
-TABLE_NAMES = ["local", "docker", "docker-reuse", "docker-fresh", "docker-runsc", "fake"]
+TABLE_NAMES = ["local", "docker", "docker-reuse", "docker-fresh", "docker-runsc", "ray", "fake"]
 
 
 def test_the_table_has_every_builtin_name_once_in_order() -> None:
@@ -244,7 +244,7 @@ def test_docker_is_an_alias_of_docker_reuse() -> None:
 
 def test_isolating_backends_are_the_docker_ones() -> None:
     isolating = {spec.name for spec in backend_specs() if spec.isolating}
-    assert isolating == {"docker", "docker-reuse", "docker-fresh", "docker-runsc"}
+    assert isolating == {"docker", "docker-reuse", "docker-fresh", "docker-runsc", "ray"}
 
 
 def test_settings_go_on_top_of_the_preset() -> None:
