@@ -286,22 +286,32 @@ class ContainerFactory:
         with contextlib.suppress(Exception):
             await self._blocking(lambda: remove_container(self.client, container_id))
 
-    async def oom_killed(self, container_id: str, settle: float = 3.0) -> bool:
+    async def oom_killed(
+        self, container_id: str, settle: float = 6.0, after_exit: float = 1.0
+    ) -> bool:
         """Whether Docker saw the container's init OOM-killed (inspect State.OOMKilled).
 
         The attach stream can end before the daemon has processed the exit; until
         the container is no longer running (at most ``settle`` seconds) the flag
         is not yet known, so the answer waits for that (gVisor kills the whole
         sandbox on OOM: asking too early turned such calls into sandbox errors).
+        The OOM event can also be processed just after the exit (seen under load
+        with gVisor), so a stopped container is asked again for ``after_exit``.
         """
 
         def inspect() -> bool:
             give_up = time.monotonic() + settle
+            stopped_at: float | None = None
             while True:
                 state = self.client.api.inspect_container(container_id).get("State", {})
-                if state.get("OOMKilled") or not state.get("Running"):
-                    return bool(state.get("OOMKilled"))
-                if time.monotonic() > give_up:
+                if state.get("OOMKilled"):
+                    return True
+                now = time.monotonic()
+                if not state.get("Running"):
+                    stopped_at = now if stopped_at is None else stopped_at
+                    if now - stopped_at >= after_exit:
+                        return False
+                elif now > give_up:
                     return False
                 time.sleep(0.05)
 
