@@ -123,10 +123,15 @@ class DockerBackend(Backend):
             attrs = retry_docker(lambda: client.images.get(tag)).attrs
         except docker.errors.ImageNotFound as exc:
             if self.config.image is not None:
+                ours = tag.startswith(f"{image_module.IMAGE_REPOSITORY}:")
                 raise ImageError(
                     f"image {tag!r} is not present in the Docker daemon; images are never "
-                    "pulled (no registry is assumed): load it with `docker load` or "
-                    "`docker import` first"
+                    "pulled (no registry is assumed): "
+                    + (
+                        "build this project's image with `retool-exec image build`"
+                        if ours
+                        else "load it with `docker load` or `docker import` first"
+                    )
                 ) from exc
             if not self.config.auto_build:
                 raise ImageError(
