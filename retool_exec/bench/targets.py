@@ -54,14 +54,16 @@ def _reuse_name(result: BenchResult) -> str | None:
     return None
 
 
-def _p50_ratio_target(result: BenchResult, workload: str, limit: float, label: str) -> Target:
-    requirement = f"reuse, {label}: p50 <= {limit:g} x local p50 (concurrency 1)"
-    name = f"reuse {workload} p50"
-    reuse = _reuse_name(result)
-    cell = result.cell(reuse, workload, 1) if reuse else None
+def _p50_ratio_target(
+    result: BenchResult, workload: str, limit: float, label: str, backend: str = "reuse"
+) -> Target:
+    requirement = f"{backend}, {label}: p50 <= {limit:g} x local p50 (concurrency 1)"
+    name = f"{backend} {workload} p50"
+    reuse = _reuse_name(result) if backend == "reuse" else backend
+    cell = result.cell(reuse, workload, 1) if reuse in result.settings.backends else None
     local = result.cell(LOCAL, workload, 1)
     if cell is None or local is None:
-        return Target(name, requirement, "not measured (needs local and docker-reuse)", None)
+        return Target(name, requirement, f"not measured (needs local and {reuse})", None)
     missing = _baseline_lacks(result, workload)
     if missing:
         return Target(
@@ -116,8 +118,70 @@ def _fresh_undrained(result: BenchResult) -> Target:
     return Target("fresh undrained p50", requirement, measured, value is not None and value <= 0.5)
 
 
+SCALING_LIMIT = 1.5
+"""docker-reuse throughput at many callers over its own throughput at one."""
+SCALING_WORKLOADS = ("print", "numpy", "sympy", "error")
+FRESH_SUSTAINED_LIMIT = 8.0
+"""Calls/s of docker-fresh with its pool drained."""
+CLIENT_CPU_LIMIT = 0.0005
+"""Seconds of this process's CPU per sequential docker-reuse call."""
+WORKING_SET_LIMIT = 40 * 1024 * 1024
+"""Bytes of working set of one warm docker-reuse container."""
+
+
+def _scaling_targets(result: BenchResult) -> list[Target]:
+    """docker-reuse's throughput at 16 and 64 callers against its own at 1, per workload."""
+    reuse = _reuse_name(result)
+    targets = []
+    for workload in SCALING_WORKLOADS:
+        for concurrency in (16, 64):
+            name = f"reuse scaling {workload} x{concurrency}"
+            requirement = (
+                f"reuse, {workload}: throughput at {concurrency} callers >= "
+                f"{SCALING_LIMIT:g} x its throughput at 1 caller"
+            )
+            one = result.cell(reuse, workload, 1) if reuse else None
+            many = result.cell(reuse, workload, concurrency) if reuse else None
+            if one is None or many is None:
+                targets.append(Target(name, requirement, "not measured", None))
+                continue
+            value = ratio(many.throughput, one.throughput)
+            measured = f"{many.throughput:.1f} vs {one.throughput:.1f} calls/s" + (
+                f" = {value:.2f} x" if value is not None else ""
+            )
+            failed = _failures(one, many)
+            if failed:
+                targets.append(Target(name, requirement, f"{measured}; {failed}", False))
+                continue
+            ok = value is not None and value >= SCALING_LIMIT
+            targets.append(Target(name, requirement, measured, ok))
+    return targets
+
+
+def _client_cpu_target(result: BenchResult) -> Target:
+    requirement = f"reuse: client-side CPU per sequential call <= {CLIENT_CPU_LIMIT * 1000:g} ms"
+    reuse = _reuse_name(result)
+    record = next((r for r in result.cpu_per_call if r.backend == reuse), None)
+    if record is None or not record.calls:
+        return Target("reuse client CPU", requirement, "not measured", None)
+    measured = f"{record.per_call * 1000:.2f} ms per call over {record.calls} calls"
+    return Target("reuse client CPU", requirement, measured, record.per_call <= CLIENT_CPU_LIMIT)
+
+
+def _working_set_target(result: BenchResult) -> Target:
+    limit_mib = WORKING_SET_LIMIT / 1024 / 1024
+    requirement = f"reuse: working set of one warm container <= {limit_mib:g} MiB"
+    reuse = _reuse_name(result)
+    pool = next((p for p in result.memory if p.backend == reuse), None)
+    if pool is None or not pool.containers:
+        return Target("reuse working set", requirement, "not measured", None)
+    worst = max(c.working_set_bytes for c in pool.containers)
+    measured = f"largest of {len(pool.containers)} warm containers {worst / 1024 / 1024:.1f} MiB"
+    return Target("reuse working set", requirement, measured, worst <= WORKING_SET_LIMIT)
+
+
 def _fresh_sustained(result: BenchResult) -> Target:
-    requirement = "fresh, pool drained: sustained throughput >= 3 calls/s"
+    requirement = f"fresh, pool drained: sustained throughput >= {FRESH_SUSTAINED_LIMIT:g} calls/s"
     sustained = result.fresh_sustained
     if sustained is None:
         return Target("fresh sustained", requirement, "not measured", None)
@@ -126,7 +190,7 @@ def _fresh_sustained(result: BenchResult) -> Target:
         f"{rate:.2f} calls/s ({sustained.calls} calls, {sustained.concurrency} callers, "
         f"pool {sustained.pool_size}; overall {sustained.overall_throughput:.2f} calls/s)"
     )
-    ok = not math.isnan(rate) and rate >= 3.0 and sustained.failures == 0
+    ok = not math.isnan(rate) and rate >= FRESH_SUSTAINED_LIMIT and sustained.failures == 0
     if sustained.failures:
         measured += f"; {sustained.failures} failed"
     return Target("fresh sustained", requirement, measured, ok)
@@ -314,9 +378,13 @@ def evaluate_targets(result: BenchResult) -> list[Target]:
     targets = [
         _p50_ratio_target(result, "print", 0.3, "print(2+3)"),
         _p50_ratio_target(result, "sympy", 0.05, "import sympy and solve a small equation"),
+        _p50_ratio_target(result, "print", 1.0, "print(2+3)", backend="docker-runsc"),
         _fresh_undrained(result),
         _fresh_sustained(result),
         _throughput_target(result),
+        *_scaling_targets(result),
+        _client_cpu_target(result),
+        _working_set_target(result),
     ]
     targets.extend(_timeout_target(result, name) for name in result.settings.backends)
     targets += [_session_cell_target(result), _conversation_target(result), _fork_target(result)]

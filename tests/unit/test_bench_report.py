@@ -8,8 +8,11 @@ from retool_exec.bench.results import (
     BenchResult,
     BenchSettings,
     CellResult,
+    ContainerMemory,
+    CpuPerCall,
     FreshSustained,
     FreshUndrained,
+    PoolMemory,
 )
 from retool_exec.bench.targets import evaluate_targets
 from retool_exec.bench.workloads import WORKLOADS
@@ -134,7 +137,52 @@ def test_fresh_targets_from_their_own_measurements() -> None:
     )
     verdicts = _verdicts(result)
     assert verdicts["fresh undrained p50"] == "PASS"
-    assert verdicts["fresh sustained"] == "FAIL"  # 2 calls/s < 3
+    assert verdicts["fresh sustained"] == "FAIL"  # 2 calls/s < 8
+    result.fresh_sustained.steady_throughput = 8.5
+    assert _verdicts(result)["fresh sustained"] == "PASS"
+
+
+def test_scaling_targets_compare_reuse_with_itself() -> None:
+    result = _result(reuse_rate=50.0)
+    result.cells.append(_cell("docker-reuse", "print", 64, 0.1, rate=80.0))
+    one = result.cell("docker-reuse", "print", 1)
+    assert one is not None
+    one.segment_walls = [4 / 40.0]  # 40 calls/s alone
+    verdicts = _verdicts(result)
+    assert verdicts["reuse scaling print x16"] == "FAIL"  # 50 / 40 = 1.25
+    assert verdicts["reuse scaling print x64"] == "PASS"  # 80 / 40 = 2.0
+    assert verdicts["reuse scaling sympy x16"] == "NOT MEASURED"
+
+
+def test_runsc_print_is_judged_against_local() -> None:
+    result = _result()
+    result.settings.backends.append("docker-runsc")
+    result.cells.append(_cell("docker-runsc", "print", 1, 0.025))
+    assert _verdicts(result)["docker-runsc print p50"] == "PASS"  # 25 / 30 ms
+    result.cells[-1] = _cell("docker-runsc", "print", 1, 0.045)
+    assert _verdicts(result)["docker-runsc print p50"] == "FAIL"
+
+
+def test_client_cpu_and_working_set_targets() -> None:
+    result = _result()
+    assert _verdicts(result)["reuse client CPU"] == "NOT MEASURED"
+    result.cpu_per_call = [
+        CpuPerCall(backend="docker-reuse", calls=100, cpu_seconds=0.04, wall_seconds=1.0)
+    ]
+    result.memory = [
+        PoolMemory(
+            backend="docker-reuse",
+            pool_size=1,
+            containers=[
+                ContainerMemory(
+                    id="x", usage_bytes=50 << 20, working_set_bytes=45 << 20, source="cgroup"
+                )
+            ],
+        )
+    ]
+    verdicts = _verdicts(result)
+    assert verdicts["reuse client CPU"] == "PASS"  # 0.4 ms
+    assert verdicts["reuse working set"] == "FAIL"  # 45 MiB > 40
 
 
 def test_result_round_trips_through_json() -> None:
