@@ -186,10 +186,11 @@ class DockerBackend(Backend):
             except (TimeoutError, ProtocolError) as exc:
                 # A stream that ended may be gVisor killing the sandbox for memory; a silent
                 # agent (frozen, or wedged) is still running, so there is nothing to ask.
+                # Asked even without a "started" frame: the agent sends that frame only
+                # once a call has run 50 ms, and only code can outgrow the container.
                 oom = (
                     isinstance(exc, ProtocolError)
                     and self._factory is not None
-                    and progress.code_started
                     and await self._factory.oom_killed(container.id)
                 )
                 pool.retire(container)

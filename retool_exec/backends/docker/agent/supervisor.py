@@ -55,6 +55,10 @@ OOM_COUNTERS = (
 SETTLE_SECONDS = 1.0
 """After a call ends, how long its output pipes may take to reach EOF."""
 INTERRUPT_GRACE = 1.0
+STARTED_DELAY = 0.05
+"""Seconds the "started" frame waits: a call that ends sooner says it in its result frame,
+so the host gets one frame per call instead of two (the host only needs "started" to know,
+within its 5 s grace, that a slow call must not be run again elsewhere)."""
 """Notebook mode: seconds a cell has to stop after KeyboardInterrupt before the process dies."""
 MCL_CURRENT = 1
 
@@ -430,6 +434,7 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
     interrupted_at: float | None = None
     events_open = True
     started_code = False
+    started_at: float | None = None  # when the code started, until the host has been told
 
     def start_cell(index: int) -> None:
         nonlocal tails, open_pipes, cell_deadline, interrupted_at
@@ -493,7 +498,14 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
             else:
                 timed_out = True  # the cell did not stop: the process goes
                 break
-        wait = min(deadline, cell_deadline if cells else deadline) - now
+        if started_at is not None and now >= started_at + STARTED_DELAY:
+            # Still running: tell the host now (a call that started must not be re-run).
+            write_frame(1, {"type": "started", "id": request.get("id"), "nonce": nonce})
+            started_at = None
+        wake = min(deadline, cell_deadline if cells else deadline)
+        if started_at is not None:
+            wake = min(wake, started_at + STARTED_DELAY)
+        wait = wake - now
         generation = len(cell_results)
         for fd, _event in poller.poll(max(1, int(wait * 1000) + 1)):
             if len(cell_results) != generation:
@@ -521,9 +533,7 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
                     kind = message.get("type")
                     if kind == "started" and not started_code:
                         started_code = True
-                        # Tell the host at once: a call whose code never started may be
-                        # run again elsewhere; one that started must not be.
-                        write_frame(1, {"type": "started", "id": request.get("id"), "nonce": nonce})
+                        started_at = time.monotonic()  # told with the result, or soon
                     elif (
                         kind == "cell_end"
                         and cells
