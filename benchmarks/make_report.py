@@ -241,6 +241,10 @@ def render(
             if peers_result is not None
             else []
         ),
+        "Why each figure is what it is (CPU per call, what limits throughput, gVisor, the "
+        "fresh policy, memory), and the targets missed with their causes: "
+        "[performance.md](performance.md).",
+        "",
         "Each target of the Docker backend, the figure this run measured for it, and "
         "the verdict (NOT MEASURED is never a pass; a cell with failed calls fails). "
         "A ratio close to its limit is within this shared machine's run-to-run noise: "
