@@ -21,6 +21,7 @@ import docker.errors
 import pytest
 
 from retool_exec.backends.docker import image as image_mod
+from retool_exec.backends.docker import image_inputs
 from retool_exec.backends.docker.image import ImageBuildError, ImageInfo
 
 REQUIRE_DOCKER = os.environ.get("RETOOL_EXEC_REQUIRE_DOCKER") == "1"
@@ -40,17 +41,17 @@ def test_tag_is_content_addressed_and_stable() -> None:
 
 
 def test_tag_changes_when_any_input_changes(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = image_mod._read_build_inputs()
+    real = image_inputs.build_inputs()
     assert set(real) == {"packages.txt", "build-rootfs.sh", "agent.pyz"}
     base = image_mod.image_tag()
     seen = {base}
     for name in real:
         changed = {**real, name: real[name] + b"\n# changed\n"}
-        monkeypatch.setattr(image_mod, "_read_build_inputs", lambda _spec, c=changed: c)
+        monkeypatch.setattr(image_inputs, "build_inputs", lambda _spec, c=changed: c)
         tag = image_mod.image_tag()
         assert tag not in seen, f"changing {name} did not change the tag"
         seen.add(tag)
-    monkeypatch.setattr(image_mod, "_read_build_inputs", lambda _spec: real)
+    monkeypatch.setattr(image_inputs, "build_inputs", lambda _spec: real)
     assert image_mod.image_tag() == base
 
 
@@ -66,7 +67,7 @@ def test_the_agent_zipapp_is_reproducible_and_holds_every_module() -> None:
 
 def test_tag_changes_with_the_format_version(monkeypatch: pytest.MonkeyPatch) -> None:
     base = image_mod.image_tag()
-    monkeypatch.setattr(image_mod, "FORMAT_VERSION", image_mod.FORMAT_VERSION + "-next")
+    monkeypatch.setattr(image_inputs, "FORMAT_VERSION", image_inputs.FORMAT_VERSION + "-next")
     assert image_mod.image_tag() != base
 
 
@@ -113,9 +114,9 @@ def test_missing_mmdebstrap_names_the_package(monkeypatch: pytest.MonkeyPatch) -
 def test_failed_build_reports_the_tail_and_keeps_the_exit_code(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    inputs = dict(image_mod._read_build_inputs())
+    inputs = dict(image_inputs.build_inputs())
     inputs["build-rootfs.sh"] = b"echo 'I: starting'\necho 'E: no such package: nope' >&2\nexit 3\n"
-    monkeypatch.setattr(image_mod, "_read_build_inputs", lambda _spec: inputs)
+    monkeypatch.setattr(image_mod, "build_inputs", lambda _spec: inputs)  # build_image's
     monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
     lines: list[str] = []
     with pytest.raises(ImageBuildError, match=r"exit code 3") as caught:

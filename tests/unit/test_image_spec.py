@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from retool_exec.backends.config import DockerConfig
 from retool_exec.backends.docker import image as image_mod
+from retool_exec.backends.docker import image_inputs
 from retool_exec.backends.docker.agent import wire
 from retool_exec.backends.docker.bootstrap import agent_frame, bootstrap_command, needs_bootstrap
 from retool_exec.backends.docker.image_spec import (
@@ -66,10 +67,10 @@ def test_tag_follows_what_is_installed_not_how_it_is_spelled() -> None:
 
 
 def test_pip_inputs_add_pip_to_the_packages() -> None:
-    inputs = image_mod._read_build_inputs(ImageSpec(pip=("tomli-w==1.0.0",)))
+    inputs = image_inputs.build_inputs(ImageSpec(pip=("tomli-w==1.0.0",)))
     assert inputs["requirements.txt"] == b"tomli-w==1.0.0\n"
     assert b"python3-pip\n" in inputs["packages.txt"]
-    assert "requirements.txt" not in image_mod._read_build_inputs(ImageSpec())
+    assert "requirements.txt" not in image_inputs.build_inputs(ImageSpec())
 
 
 @pytest.mark.parametrize(
