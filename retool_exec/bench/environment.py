@@ -99,7 +99,7 @@ def _git_commit() -> dict[str, Any]:
 def _docker_info(docker_host: str | None) -> dict[str, Any]:
     try:
         from retool_exec.backends.docker.client import connect
-        from retool_exec.backends.docker.image import image_tag
+        from retool_exec.backends.docker.image_inputs import image_tag
 
         client = connect(docker_host)
     except Exception as exc:

@@ -95,7 +95,8 @@ def build_doctor_configs(
 
 def _handle(args: argparse.Namespace) -> int:
     from retool_exec.backends.docker.client import connect
-    from retool_exec.backends.docker.image import build_flags, find_image, image_tag
+    from retool_exec.backends.docker.image import find_image
+    from retool_exec.backends.docker.image_inputs import build_flags, image_tag
     from retool_exec.doctor import run_doctor
 
     names = list(args.backend or DEFAULT_BACKENDS[:1])

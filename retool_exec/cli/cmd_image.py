@@ -8,7 +8,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from retool_exec.backends.docker.image_spec import PRESETS, ImageSpec, ImageSpecError
+from retool_exec.backends.docker.image_spec import (
+    PRESETS,
+    ImageSpec,
+    ImageSpecError,
+    describe_errors,
+)
 from retool_exec.cli._common import EXIT_STATUS_HELP, UsageError
 
 __all__ = ["register"]
@@ -83,11 +88,7 @@ def spec_from_args(args: argparse.Namespace) -> ImageSpec:
     except ImageSpecError as exc:
         raise UsageError(str(exc)) from exc
     except ValidationError as exc:
-        problems = "; ".join(
-            f"--{error['loc'][0]}: {error['msg'].removeprefix('Value error, ')}"
-            for error in exc.errors()
-        )
-        raise UsageError(f"bad image spec: {problems}") from exc
+        raise UsageError(f"bad image spec: {describe_errors(exc, prefix='--')}") from exc
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -115,7 +116,8 @@ def _build(args: argparse.Namespace) -> int:
 
 def _list(args: argparse.Namespace) -> int:
     from retool_exec.backends.docker.client import connect
-    from retool_exec.backends.docker.image import image_tag, is_current, list_images
+    from retool_exec.backends.docker.image import is_current, list_images
+    from retool_exec.backends.docker.image_inputs import image_tag
 
     client = connect(args.docker_host)
     try:

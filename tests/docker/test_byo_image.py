@@ -29,19 +29,11 @@ from retool_exec.security import (
     with_audit_limits,
 )
 from retool_exec.security.runner import DEFAULT_TIMEOUT, default_concurrency
-from tests.conftest import LABELS, require_docker
+from tests.conftest import LABELS
 from tests.contract import test_backend_contract as contract
 from tests.docker import foreign_image
 
 pytestmark = [pytest.mark.docker]
-
-
-@pytest.fixture(scope="module")
-def client() -> Iterator[docker.DockerClient]:
-    require_docker()
-    client = docker.from_env(timeout=600)
-    yield client
-    client.close()
 
 
 @pytest.fixture(scope="module")

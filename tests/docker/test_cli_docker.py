@@ -13,7 +13,7 @@ import docker
 import pytest
 
 from retool_exec.backends.docker.containers import LABEL_MANAGED, LABEL_OWNER
-from retool_exec.backends.docker.image import image_tag
+from retool_exec.backends.docker.image_inputs import image_tag
 from tests.conftest import LABELS, require_docker
 
 pytestmark = pytest.mark.docker

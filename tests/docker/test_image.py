@@ -22,7 +22,8 @@ import pytest
 
 from retool_exec.backends.docker import image as image_mod
 from retool_exec.backends.docker import image_inputs
-from retool_exec.backends.docker.image import ImageBuildError, ImageInfo
+from retool_exec.backends.docker.image import ImageInfo
+from retool_exec.backends.docker.image_inputs import ImageBuildError
 
 REQUIRE_DOCKER = os.environ.get("RETOOL_EXEC_REQUIRE_DOCKER") == "1"
 TEST_LABELS = {"org.retool_exec.test": "1", "org.retool_exec.test.suite": "test_image"}
@@ -34,45 +35,45 @@ MAX_IMAGE_BYTES = 400 * 1000 * 1000
 
 
 def test_tag_is_content_addressed_and_stable() -> None:
-    tag = image_mod.image_tag()
+    tag = image_inputs.image_tag()
     assert re.fullmatch(r"retool-exec-sandbox:[0-9a-f]{16}", tag)
-    assert image_mod.image_tag() == tag
-    assert tag.startswith(image_mod.IMAGE_REPOSITORY + ":")
+    assert image_inputs.image_tag() == tag
+    assert tag.startswith(image_inputs.IMAGE_REPOSITORY + ":")
 
 
 def test_tag_changes_when_any_input_changes(monkeypatch: pytest.MonkeyPatch) -> None:
     real = image_inputs.build_inputs()
     assert set(real) == {"packages.txt", "build-rootfs.sh", "agent.pyz"}
-    base = image_mod.image_tag()
+    base = image_inputs.image_tag()
     seen = {base}
     for name in real:
         changed = {**real, name: real[name] + b"\n# changed\n"}
         monkeypatch.setattr(image_inputs, "build_inputs", lambda _spec, c=changed: c)
-        tag = image_mod.image_tag()
+        tag = image_inputs.image_tag()
         assert tag not in seen, f"changing {name} did not change the tag"
         seen.add(tag)
     monkeypatch.setattr(image_inputs, "build_inputs", lambda _spec: real)
-    assert image_mod.image_tag() == base
+    assert image_inputs.image_tag() == base
 
 
 def test_the_agent_zipapp_is_reproducible_and_holds_every_module() -> None:
     import io
     import zipfile
 
-    first, second = image_mod.agent_zipapp(), image_mod.agent_zipapp()
+    first, second = image_inputs.agent_zipapp(), image_inputs.agent_zipapp()
     assert first == second
     names = set(zipfile.ZipFile(io.BytesIO(first)).namelist())
     assert {"__main__.py", "agent/wire.py", "agent/supervisor.py", "agent/zygote.py"} <= names
 
 
 def test_tag_changes_with_the_format_version(monkeypatch: pytest.MonkeyPatch) -> None:
-    base = image_mod.image_tag()
+    base = image_inputs.image_tag()
     monkeypatch.setattr(image_inputs, "FORMAT_VERSION", image_inputs.FORMAT_VERSION + "-next")
-    assert image_mod.image_tag() != base
+    assert image_inputs.image_tag() != base
 
 
 def test_build_inputs_ship_inside_the_package() -> None:
-    files = image_mod.image_files_dir()
+    files = image_inputs.image_files_dir()
     assert files.parent == Path(image_mod.__file__).resolve().parent
     packages = {
         line.split("#")[0].strip()
@@ -182,7 +183,7 @@ def _run(
 @pytest.mark.timeout(900)
 def test_build_within_budget(built: tuple[ImageInfo, float]) -> None:
     info, seconds = built
-    assert info.tag == image_mod.image_tag()
+    assert info.tag == image_inputs.image_tag()
     assert 0 < info.size_bytes <= MAX_IMAGE_BYTES, f"{info.size_bytes / 1e6:.0f} MB"
     if info.built:
         assert seconds <= 300, f"build took {seconds:.0f} s"
@@ -201,7 +202,7 @@ def test_image_configuration(client: docker.DockerClient, built: tuple[ImageInfo
         "org.retool_exec.image": "1",
         "org.retool_exec.tag": info.tag.partition(":")[2],
         "org.retool_exec.spec": '{"preset":"math","apt":[],"pip":[]}',
-        "org.retool_exec.agent": image_mod.agent_digest(),
+        "org.retool_exec.agent": image_inputs.agent_digest(),
     }
     assert info.spec == "math"
 
@@ -250,7 +251,7 @@ def test_agent_is_the_packaged_one_read_only_to_nobody(
         " st.st_uid, st.st_gid, os.access(p, os.W_OK), os.path.isdir('/tmp'))\n"
     )
     out = _run(client, built[0].tag, ["/usr/bin/python3", "-I", "-B", "-c", code])
-    expected = hashlib.sha256(image_mod.agent_zipapp()).hexdigest()
+    expected = hashlib.sha256(image_inputs.agent_zipapp()).hexdigest()
     assert out.split() == [expected, "0o644", "0", "0", "False", "True"]
 
 

@@ -8,16 +8,15 @@ extended image about 50 s, the datascience preset about 60 s.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import docker
 import pytest
 
 from retool_exec import Outcome, Sandbox
 from retool_exec.backends.config import DockerConfig
 from retool_exec.backends.docker import image as image_mod
+from retool_exec.backends.docker import image_inputs
 from retool_exec.backends.docker.image_spec import ImageSpec
-from tests.conftest import LABELS, require_docker
+from tests.conftest import LABELS
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]
 
@@ -30,14 +29,6 @@ USES_BOTH = (
 
 
 @pytest.fixture(scope="module")
-def client() -> Iterator[docker.DockerClient]:
-    require_docker()
-    client = docker.from_env(timeout=900)
-    yield client
-    client.close()
-
-
-@pytest.fixture(scope="module")
 def extended(client: docker.DockerClient) -> image_mod.ImageInfo:
     return image_mod.build_image(client, EXTENDED, progress=print)
 
@@ -45,7 +36,7 @@ def extended(client: docker.DockerClient) -> image_mod.ImageInfo:
 def test_the_extended_image_records_what_it_holds(
     client: docker.DockerClient, extended: image_mod.ImageInfo
 ) -> None:
-    assert extended.tag == image_mod.image_tag(EXTENDED) != image_mod.image_tag()
+    assert extended.tag == image_inputs.image_tag(EXTENDED) != image_inputs.image_tag()
     assert extended.spec == "math +apt python3-tabulate +pip tomli-w==1.0.0"
     assert extended.pip == ("tomli_w==1.0.0",)
     assert image_mod.is_current(extended)

@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from retool_exec.backends.config import DockerConfig
-from retool_exec.backends.docker import image as image_mod
 from retool_exec.backends.docker import image_inputs
 from retool_exec.backends.docker.agent import wire
 from retool_exec.backends.docker.bootstrap import agent_frame, bootstrap_command, needs_bootstrap
@@ -49,21 +48,21 @@ def test_every_preset_has_a_package_list_built_on_math() -> None:
 
 
 def test_tag_follows_what_is_installed_not_how_it_is_spelled() -> None:
-    base = image_mod.image_tag(ImageSpec())
-    assert image_mod.image_tag() == base
+    base = image_inputs.image_tag(ImageSpec())
+    assert image_inputs.image_tag() == base
     tags = {
         base,
-        image_mod.image_tag(ImageSpec(apt=("python3-tabulate",))),
-        image_mod.image_tag(ImageSpec(pip=("tomli-w==1.0.0",))),
-        image_mod.image_tag(ImageSpec(pip=("tomli-w==1.0.1",))),
-        image_mod.image_tag(ImageSpec(preset="datascience")),
+        image_inputs.image_tag(ImageSpec(apt=("python3-tabulate",))),
+        image_inputs.image_tag(ImageSpec(pip=("tomli-w==1.0.0",))),
+        image_inputs.image_tag(ImageSpec(pip=("tomli-w==1.0.1",))),
+        image_inputs.image_tag(ImageSpec(preset="datascience")),
     }
     assert len(tags) == 5, "each change of what goes in must change the tag"
     # Order, duplicates and the zygote's preload are not part of the image.
-    assert image_mod.image_tag(ImageSpec(apt=("b-pkg", "a-pkg", "a-pkg"))) == image_mod.image_tag(
-        ImageSpec(apt=("a-pkg", "b-pkg"))
-    )
-    assert image_mod.image_tag(ImageSpec(preload=("numpy",))) == base
+    assert image_inputs.image_tag(
+        ImageSpec(apt=("b-pkg", "a-pkg", "a-pkg"))
+    ) == image_inputs.image_tag(ImageSpec(apt=("a-pkg", "b-pkg")))
+    assert image_inputs.image_tag(ImageSpec(preload=("numpy",))) == base
 
 
 def test_pip_inputs_add_pip_to_the_packages() -> None:
@@ -163,7 +162,7 @@ def test_build_flags_say_the_same_spec(spec: ImageSpec) -> None:
     parser.add_argument("--apt", action="append", default=[])
     parser.add_argument("--pip", action="append", default=[])
     parser.add_argument("--spec", default=None)
-    args = parser.parse_args(shlex.split(image_mod.build_flags(spec)))
+    args = parser.parse_args(shlex.split(image_inputs.build_flags(spec)))
     assert spec_from_args(args) == spec
 
 
@@ -171,10 +170,10 @@ def test_build_flags_say_the_same_spec(spec: ImageSpec) -> None:
 
 
 def test_needs_bootstrap_unless_the_image_holds_this_agent() -> None:
-    digest = image_mod.agent_digest()
-    ours = {"Config": {"Labels": {image_mod.AGENT_LABEL: digest}}}
+    digest = image_inputs.agent_digest()
+    ours = {"Config": {"Labels": {image_inputs.AGENT_LABEL: digest}}}
     assert not needs_bootstrap(ours, digest)
-    assert needs_bootstrap({"Config": {"Labels": {image_mod.AGENT_LABEL: "0" * 16}}}, digest)
+    assert needs_bootstrap({"Config": {"Labels": {image_inputs.AGENT_LABEL: "0" * 16}}}, digest)
     assert needs_bootstrap({"Config": {"Labels": None}}, digest)
     assert needs_bootstrap({}, digest)
 
@@ -184,13 +183,13 @@ def test_an_image_with_a_volume_is_refused() -> None:
 
     attrs = {"Config": {"Volumes": {"/data": {}}, "Labels": {}}}
     with pytest.raises(ImageError, match="VOLUME /data"):
-        image_mod.image_choice("team/image:1", attrs)
+        image_inputs.image_choice("team/image:1", attrs)
 
 
 def test_a_foreign_image_gets_the_agent_sent_with_its_own_path() -> None:
     attrs = {"Config": {"Env": ["PATH=/opt/py/bin:/usr/bin", "SECRET=x"], "Labels": {}}}
-    choice = image_mod.image_choice("team/image:1", attrs)
-    assert choice.send_agent == image_mod.agent_zipapp()
+    choice = image_inputs.image_choice("team/image:1", attrs)
+    assert choice.send_agent == image_inputs.agent_zipapp()
     assert choice.image_path == "/opt/py/bin:/usr/bin"
 
 
@@ -207,20 +206,20 @@ def _run_bootstrap(stdin: bytes, zipapp: bytes) -> dict[str, object]:
 
 
 def test_the_bootstrap_refuses_an_agent_that_does_not_match_its_digest() -> None:
-    zipapp = image_mod.agent_zipapp()
+    zipapp = image_inputs.agent_zipapp()
     forged = zipapp[:-1] + bytes([zipapp[-1] ^ 1])
     frame = _run_bootstrap(agent_frame(forged), zipapp)
     assert frame == {"type": "fatal", "reason": "the agent received does not match its digest"}
 
 
 def test_the_bootstrap_says_when_the_stream_ends_early() -> None:
-    zipapp = image_mod.agent_zipapp()
+    zipapp = image_inputs.agent_zipapp()
     frame = _run_bootstrap(agent_frame(zipapp)[:100], zipapp)
     assert frame["reason"] == "the host closed the stream before sending the agent"
 
 
 def test_the_bootstrap_command_pins_the_digest_and_keeps_only_named_variables() -> None:
-    zipapp = image_mod.agent_zipapp()
+    zipapp = image_inputs.agent_zipapp()
     command = bootstrap_command(zipapp, ["PATH", "HOME", "PATH"])
     assert command[:4] == ["python3", "-I", "-B", "-c"]
     assert hashlib.sha256(zipapp).hexdigest() in command[4]

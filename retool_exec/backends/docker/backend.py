@@ -37,7 +37,7 @@ from retool_exec.backends.docker.pool import PoolUnavailableError, WarmPool
 from retool_exec.backends.docker.protocol import ProtocolError
 
 if TYPE_CHECKING:
-    from retool_exec.backends.docker.image import ImageChoice
+    from retool_exec.backends.docker.image_inputs import ImageChoice
 
 __all__ = ["DockerBackend", "PoolStats"]
 
@@ -116,14 +116,15 @@ class DockerBackend(Backend):
 
     def _resolve_image(self, client: docker.DockerClient) -> ImageChoice:
         from retool_exec.backends.docker import image as image_module
+        from retool_exec.backends.docker import image_inputs
 
         spec = self.config.spec
-        tag = self.config.image or image_module.image_tag(spec)
+        tag = self.config.image or image_inputs.image_tag(spec)
         try:
             attrs = retry_docker(lambda: client.images.get(tag)).attrs
         except docker.errors.ImageNotFound as exc:
             if self.config.image is not None:
-                ours = tag.startswith(f"{image_module.IMAGE_REPOSITORY}:")
+                ours = tag.startswith(f"{image_inputs.IMAGE_REPOSITORY}:")
                 raise ImageError(
                     f"image {tag!r} is not present in the Docker daemon; images are never "
                     "pulled (no registry is assumed): "
@@ -136,7 +137,7 @@ class DockerBackend(Backend):
             if not self.config.auto_build:
                 raise ImageError(
                     f"sandbox image {tag!r} ({spec.describe()}) is not present; build it "
-                    f"with `retool-exec image build{image_module.build_flags(spec)}`"
+                    f"with `retool-exec image build{image_inputs.build_flags(spec)}`"
                 ) from exc
             log.warning(
                 "sandbox image %s (%s) is missing; building it (once, a minute or two)",
@@ -150,7 +151,7 @@ class DockerBackend(Backend):
                 attrs = retry_docker(lambda: client.images.get(built.tag)).attrs
             except Exception as exc:
                 raise ImageError(f"could not build the sandbox image {tag!r}: {exc}") from exc
-        return image_module.image_choice(tag, attrs)
+        return image_inputs.image_choice(tag, attrs)
 
     def _check_runtime(self, client: docker.DockerClient) -> None:
         if not self.config.runtime:

@@ -134,7 +134,7 @@ def agent_frame(zipapp: bytes) -> bytes:
 
 def needs_bootstrap(image_attrs: Mapping[str, Any], agent_digest: str) -> bool:
     """Whether the image lacks this host's agent (not ours, or ours with another agent)."""
-    from retool_exec.backends.docker.image import AGENT_LABEL
+    from retool_exec.backends.docker.image_inputs import AGENT_LABEL
 
     labels = (image_attrs.get("Config") or {}).get("Labels") or {}
     return bool(labels.get(AGENT_LABEL) != agent_digest)

@@ -56,47 +56,16 @@ from retool_exec.backends.docker.image_inputs import (
     SPEC_LABEL,
     TAG_LABEL,
     ImageBuildError,
-    ImageChoice,
-    agent_digest,
-    agent_source_paths,
-    agent_zipapp,
-    build_flags,
     build_inputs,
     config_changes,
     content_hash,
-    image_choice,
-    image_files_dir,
     image_tag,
     spec_label,
 )
 from retool_exec.backends.docker.image_spec import ImageSpec
 
-__all__ = [
-    "AGENT_LABEL",
-    "AGENT_PATH_IN_IMAGE",
-    "ENTRYPOINT",
-    "IMAGE_LABEL",
-    "IMAGE_REPOSITORY",
-    "PIP_LABEL",
-    "SANDBOX_USER",
-    "SPEC_LABEL",
-    "TAG_LABEL",
-    "ImageBuildError",
-    "ImageChoice",
-    "ImageInfo",
-    "agent_digest",
-    "agent_source_paths",
-    "agent_zipapp",
-    "build_flags",
-    "build_image",
-    "ensure_image",
-    "find_image",
-    "image_choice",
-    "image_files_dir",
-    "image_tag",
-    "is_current",
-    "list_images",
-]
+__all__ = ["ImageInfo", "build_image", "ensure_image", "find_image", "is_current", "list_images"]
+"""The Docker side; what goes into an image and its tag are ``image_inputs``'s."""
 
 _BUILD_TIMEOUT_S = 1800.0
 _TERM_GRACE_S = 30.0

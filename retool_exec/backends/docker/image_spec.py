@@ -20,7 +20,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-__all__ = ["PRESETS", "ImageSpec", "ImageSpecError", "preset_files", "preset_packages"]
+__all__ = [
+    "PRESETS",
+    "ImageSpec",
+    "ImageSpecError",
+    "describe_errors",
+    "preset_files",
+    "preset_packages",
+]
 
 PresetName = Literal["math", "datascience"]
 
@@ -164,13 +171,13 @@ class ImageSpec(BaseModel):
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in error['loc']) or 'spec'}: {error['msg']}"
-                for error in exc.errors()
-            )
-            raise ImageSpecError(f"image spec {path}: {problems}") from exc
+            raise ImageSpecError(f"image spec {path}: {describe_errors(exc)}") from exc
 
 
-def default_spec() -> ImageSpec:
-    """The image used when a config names none."""
-    return ImageSpec()
+def describe_errors(exc: ValidationError, prefix: str = "") -> str:
+    """pydantic's errors about a spec as ``field: problem``; ``prefix`` names a field as a flag."""
+    return "; ".join(
+        f"{prefix}{'.'.join(str(part) for part in error['loc']) or 'spec'}: "
+        + str(error["msg"]).removeprefix("Value error, ")
+        for error in exc.errors()
+    )
