@@ -88,6 +88,8 @@ def test_agent_options_are_exact() -> None:
 def test_start_refuses_unknown_options_and_shared_uids() -> None:
     with pytest.raises(ValueError, match="unknown"):
         supervisor.start(["agent.py", "--bogus", "1"])
+    with pytest.raises(ValueError, match="yes or no"):
+        supervisor.start(["agent.py", "--huge-pages", "maybe"])
     with pytest.raises(ValueError, match="different uids"):
         supervisor.start(["agent.py", "--agent-user", "5:5", "--sandbox-user", "5:5"])
     with pytest.raises(ValueError, match="different uids"):

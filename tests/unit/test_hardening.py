@@ -17,8 +17,19 @@ def spec(**overrides: object):  # type: ignore[no-untyped-def]
 def test_network_is_none() -> None:
     s = spec()
     assert s.host_config["network_mode"] == "none"  # a namespace with loopback only
-    # NetworkDisabled would add nothing to that, and would leave /etc/hosts empty.
-    assert s.create["network_disabled"] is False
+    # Our image: no Docker network hook, no hosts/resolv.conf mounted (the image has them).
+    assert s.create["network_disabled"] is True
+    assert "extra_hosts" not in s.host_config
+
+
+def test_a_brought_image_gets_dockers_hosts_file_with_localhost() -> None:
+    s = container_spec(
+        DockerConfig(), image="img:tag", labels={}, send_agent=b"agent", image_path="/usr/bin"
+    )
+    assert s.host_config["network_mode"] == "none"
+    assert s.create["network_disabled"] is False  # Docker then writes /etc/hosts
+    assert s.host_config["extra_hosts"] == {"localhost": "127.0.0.1"}
+    assert s.host_config["dns"] == ["127.0.0.1"]  # not the host's name server
 
 
 def test_root_is_read_only_and_tmp_is_a_capped_tmpfs() -> None:
@@ -108,6 +119,12 @@ def test_preload_goes_to_the_agent_command() -> None:
     assert "--preload" not in spec(preload=()).create["command"]
 
 
+def test_only_a_one_call_container_skips_the_huge_page_collapse() -> None:
+    fresh = spec(policy="fresh", preload=("numpy",)).create["command"]
+    assert fresh[-2:] == ["--huge-pages", "no"] and "--preload" in fresh
+    assert "--huge-pages" not in spec(policy="reuse").create["command"]
+
+
 FORBIDDEN_HOST_CONFIG = {
     "binds",
     "mounts",
@@ -135,8 +152,7 @@ FORBIDDEN_HOST_CONFIG = {
 def test_nothing_dangerous_is_ever_written(overrides: dict[str, object]) -> None:
     s = spec(**overrides)
     assert not FORBIDDEN_HOST_CONFIG & set(s.host_config)
-    # The one name mapping written: localhost to the container's own loopback.
-    assert s.host_config.get("extra_hosts") == {"localhost": "127.0.0.1"}
+    assert "extra_hosts" not in s.host_config  # no name mapping: the image's /etc/hosts
     assert not {"ALL", "SYS_ADMIN", "SYS_PTRACE", "NET_ADMIN"} & set(s.host_config["cap_add"])
     assert "volumes" not in s.create
     assert s.host_config["ipc_mode"] != "host"
@@ -179,9 +195,3 @@ def test_each_container_gets_its_own_calls_uid_recorded_in_a_label() -> None:
     assert base.create["command"] != command  # the shared spec is not changed
     with pytest.raises(ValueError):
         with_sandbox_uid(base, 65534, "uid-label")
-
-
-def test_localhost_resolves_without_a_network() -> None:
-    s = spec()
-    assert s.host_config["network_mode"] == "none"
-    assert s.host_config["extra_hosts"] == {"localhost": "127.0.0.1"}

@@ -142,6 +142,41 @@ CASES: tuple[Case, ...] = (
         catalogue=(14,),
     ),
     Case(
+        id="net-no-resolver-address",
+        klass=CaseClass.NETWORK,
+        title="the name-service files name no address of the host's network (resolver, hosts)",
+        code=code("""
+            import ipaddress
+
+            def addresses(path, keyword=None):
+                found = []
+                try:
+                    lines = open(path).read().splitlines()
+                except OSError:
+                    return found
+                for line in lines:
+                    words = line.split("#")[0].split()
+                    if keyword is not None:
+                        words = words[1:2] if words[:1] == [keyword] else []
+                    for word in words[:1]:
+                        try:
+                            found.append(str(ipaddress.ip_address(word.split("%")[0])))
+                        except ValueError:
+                            pass
+                return found
+
+            named = addresses("/etc/resolv.conf", "nameserver") + addresses("/etc/hosts")
+            outside = [a for a in named if not (
+                ipaddress.ip_address(a).is_loopback or ipaddress.ip_address(a).is_multicast
+                or ipaddress.ip_address(a).is_reserved)]
+            report(outside=sorted(set(outside)))
+        """),
+        contained=lambda obs: obs.facts()["outside"] == [],
+        severity=Severity.LOW,
+        reference="Docker copies the host's resolv.conf into containers (network none included)",
+        catalogue=(14,),
+    ),
+    Case(
         id="net-interfaces",
         klass=CaseClass.NETWORK,
         title="only the loopback interface exists",

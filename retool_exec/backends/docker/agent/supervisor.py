@@ -759,6 +759,9 @@ def start(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     zygote_user = Identity(options.pop("zygote-user", wire.ZYGOTE_USER))
     sandbox_user = Identity(options.pop("sandbox-user", wire.DEFAULT_SANDBOX_USER))
     modules = [m for m in options.pop("preload", "").split(",") if m]
+    huge_pages = options.pop("huge-pages", "yes")
+    if huge_pages not in ("yes", "no"):
+        raise ValueError(f"--huge-pages takes yes or no, not {huge_pages!r}")
     if options:
         raise ValueError(f"unknown agent options: {sorted(options)}")
     if len({agent_user.uid, zygote_user.uid, sandbox_user.uid}) != 3:
@@ -778,7 +781,7 @@ def start(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     pid = os.fork()
     if pid == 0:
         ours.close()
-        zygote.serve(theirs, zygote_user, modules)
+        zygote.serve(theirs, zygote_user, modules, huge_pages == "yes")
         os._exit(70)
     theirs.close()
     State.zygote_pid, State.control = pid, ours

@@ -70,8 +70,12 @@ def make_call_safe() -> None:
     identity.install_syscall_filter(Setup.syscall_program)
 
 
-def preload(modules: list[str]) -> tuple[list[str], dict[str, str]]:
+def preload(modules: list[str], huge_pages: bool = True) -> tuple[list[str], dict[str, str]]:
     """Import (and warm up) ``modules`` once, for every call to inherit.
+
+    ``huge_pages``: collapse the heap into 2 MiB pages (``collapse_heap``), which
+    pays for itself over many forks; a container that serves one call
+    (``docker-fresh``) skips it.
 
     Imports run with ``HOME`` in a scratch directory that is removed afterwards:
     a library that writes a cache at import (matplotlib's font list) then
@@ -103,7 +107,8 @@ def preload(modules: list[str]) -> tuple[list[str], dict[str, str]]:
             os.environ["HOME"] = home
     gc.collect()
     gc.freeze()  # keep the collector from touching (and so copying) the zygote's pages
-    collapse_heap()
+    if huge_pages:
+        collapse_heap()
     return loaded, failed
 
 
@@ -171,13 +176,18 @@ def check_child_setup() -> None:
 # -- the fork server -----------------------------------------------------------------
 
 
-def serve(control: socket.socket, zygote_user: identity.Identity, modules: list[str]) -> None:
+def serve(
+    control: socket.socket,
+    zygote_user: identity.Identity,
+    modules: list[str],
+    huge_pages: bool = True,
+) -> None:
     """The zygote's whole life (never returns)."""
     try:
         identity.become(zygote_user, wire.ZYGOTE_CAPABILITIES)
         identity.harden_self()
         check_child_setup()
-        loaded, failed = preload(modules)
+        loaded, failed = preload(modules, huge_pages)
         control.send(b"R" + json.dumps({"loaded": loaded, "failed": failed}).encode())
     except BaseException as exc:
         control.send(b"!" + f"{type(exc).__name__}: {exc}".encode(errors="replace")[:4000])

@@ -112,6 +112,17 @@ customize() {
   find "$root/usr/lib/python3/dist-packages" -mindepth 2 -depth -type d \
     -name tests -exec rm -rf {} +
 
+  # Names: the containers have no network at all (hardening.py), so Docker
+  # mounts no /etc/hosts or /etc/resolv.conf (the host's name server) and
+  # /etc/hosts stays the empty file of its init layer. localhost (and
+  # *.localhost) resolve through nss-myhostname; nothing asks a DNS server.
+  [ -n "$(find "$root/usr/lib" -name 'libnss_myhostname.so.2' -print -quit)" ] \
+    || die "libnss-myhostname is not installed (it is in preset-math.txt)"
+  sed -i -E 's/^hosts:.*/hosts:          files myhostname/' "$root/etc/nsswitch.conf"
+  grep -qx 'hosts: *files myhostname' "$root/etc/nsswitch.conf" \
+    || die "no hosts line in /etc/nsswitch.conf to set"
+  : >"$root/etc/resolv.conf"
+
   # /tmp is a tmpfs at run time; it must exist as a mount point.
   rm -rf "$root/tmp"
   install -d -m 1777 -o 0 -g 0 "$root/tmp"
