@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -53,6 +54,55 @@ class LoopThread:
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """Schedule ``coro`` on the loop from any thread."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    async def run_from_other_loop(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Await ``coro`` on this loop from another running event loop.
+
+        One wake-up each way and nothing else: ``asyncio.wrap_future(submit(...))``
+        also makes a concurrent future, takes its lock and chains it to a second
+        future, ~35 us of CPU more per call (100 -> 65 us a round trip, measured).
+        Cancelling the awaiting task cancels ``coro``'s task here.
+        """
+        caller = asyncio.get_running_loop()
+        outcome: asyncio.Future[T] = caller.create_future()
+        started: list[asyncio.Task[T]] = []
+
+        def deliver(task: asyncio.Task[T]) -> None:  # in the caller's loop
+            if outcome.done():
+                return
+            if task.cancelled():
+                outcome.cancel()
+            elif (error := task.exception()) is not None:
+                outcome.set_exception(error)
+            else:
+                outcome.set_result(task.result())
+
+        def finished(task: asyncio.Task[T]) -> None:  # in this loop
+            if not task.cancelled():
+                task.exception()  # retrieved here, so an abandoned outcome logs nothing
+            with contextlib.suppress(RuntimeError):  # the caller's loop is closed
+                caller.call_soon_threadsafe(deliver, task)
+
+        def start() -> None:  # in this loop
+            task = self.loop.create_task(coro)
+            started.append(task)
+            task.add_done_callback(finished)
+
+        def cancel() -> None:  # in this loop, after start (same queue, FIFO)
+            for task in started:
+                task.cancel()
+
+        try:
+            self.loop.call_soon_threadsafe(start)
+        except RuntimeError:
+            coro.close()  # this loop is closed: never awaited, no warning
+            raise
+        try:
+            return await outcome
+        except asyncio.CancelledError:
+            with contextlib.suppress(RuntimeError):
+                self.loop.call_soon_threadsafe(cancel)
+            raise
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the loop (cancelling what still runs) and wait for the thread."""

@@ -316,7 +316,7 @@ class Sandbox:
             raise
         if portal.in_loop_thread:
             return await coro
-        return await asyncio.wrap_future(portal.submit(coro))
+        return await portal.run_from_other_loop(coro)
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -326,7 +326,7 @@ class Sandbox:
 
     async def astart(self) -> None:
         """Async ``start``."""
-        await asyncio.wrap_future(self._ensure_portal().submit(self._ensure_started()))
+        await self._acall_in_loop(self._ensure_started())
 
     def close(self) -> None:
         """Close the backend (removing its processes/containers) and stop the loop. Idempotent."""

@@ -20,7 +20,6 @@ trainer drops the sample instead of scoring the model for it.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import math
@@ -309,9 +308,7 @@ class SandboxService:
         ``RunRequest`` by the same path ``arun_code`` uses once it has built one.
         """
         sandbox = self.sandbox
-        submitted = time.perf_counter()
-        portal = sandbox._ensure_portal()
-        return await asyncio.wrap_future(portal.submit(sandbox._run(request, submitted)))
+        return await sandbox._acall_in_loop(sandbox._run(request, time.perf_counter()))
 
     def _command(self, result: ExecResult) -> CommandRunResult:
         limit = self.settings.output_chars

@@ -1,0 +1,140 @@
+"""The sandbox's private loop, awaited from other event loops (no Docker)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import threading
+import warnings
+from collections.abc import Iterator
+
+import pytest
+
+from retool_exec._portal import LoopThread
+
+
+@pytest.fixture
+def portal() -> Iterator[LoopThread]:
+    thread = LoopThread(name="test-portal")
+    yield thread
+    thread.stop()
+
+
+def test_a_result_and_the_loop_it_ran_on(portal: LoopThread) -> None:
+    async def where() -> int:
+        assert asyncio.get_running_loop() is portal.loop
+        return threading.get_ident()
+
+    async def main() -> None:
+        assert await portal.run_from_other_loop(where()) != threading.get_ident()
+
+    asyncio.run(main())
+
+
+def test_an_exception_reaches_the_caller_as_it_was_raised(portal: LoopThread) -> None:
+    class Boom(Exception):
+        pass
+
+    async def fails() -> None:
+        raise Boom("from the portal")
+
+    async def main() -> None:
+        with pytest.raises(Boom, match="from the portal"):
+            await portal.run_from_other_loop(fails())
+
+    asyncio.run(main())
+
+
+def test_cancelling_the_caller_cancels_the_work_on_the_portal(portal: LoopThread) -> None:
+    began, ended = threading.Event(), threading.Event()
+
+    async def slow() -> None:
+        began.set()
+        try:
+            await asyncio.sleep(30)
+        finally:
+            ended.set()
+
+    async def main() -> None:
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(portal.run_from_other_loop(slow()), 0.2)
+
+    asyncio.run(main())
+    assert began.is_set()
+    assert ended.wait(5), "the portal's task kept running after its caller gave up"
+
+
+def test_cancelled_before_the_portal_started_it(portal: LoopThread) -> None:
+    """Cancelled at once: the work is started and then cancelled (FIFO on the portal)."""
+
+    async def slow() -> None:
+        await asyncio.sleep(30)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(portal.run_from_other_loop(slow()))
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    async def others() -> int:
+        await asyncio.sleep(0.1)  # the cancel has been run by now
+        return len(asyncio.all_tasks() - {asyncio.current_task()})
+
+    asyncio.run(main())
+    assert portal.submit(others()).result(5) == 0, "work left running on the portal"
+
+
+def test_work_cancelled_on_the_portal_cancels_the_caller(portal: LoopThread) -> None:
+    async def cancels_itself() -> None:
+        raise asyncio.CancelledError
+
+    async def main() -> None:
+        with pytest.raises(asyncio.CancelledError):
+            await portal.run_from_other_loop(cancels_itself())
+
+    asyncio.run(main())
+
+
+def test_a_stopped_portal_refuses_and_leaves_no_unawaited_coroutine(
+    portal: LoopThread,
+) -> None:
+    portal.stop()
+
+    async def work() -> int:
+        return 1
+
+    async def main() -> None:
+        with pytest.raises(RuntimeError):
+            await portal.run_from_other_loop(work())
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # "coroutine ... was never awaited"
+        asyncio.run(main())
+        gc.collect()
+
+
+def test_an_abandoned_failure_logs_nothing(
+    portal: LoopThread, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The caller gave up; the work then failed: nobody is told 'exception never retrieved'."""
+    failed = threading.Event()
+
+    async def fails_later() -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            failed.set()
+            raise ValueError("failed while being cancelled") from None
+
+    async def main() -> None:
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(portal.run_from_other_loop(fails_later()), 0.1)
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        asyncio.run(main())
+        assert failed.wait(5)
+        portal.stop()
+        gc.collect()
+    assert "never retrieved" not in caplog.text
