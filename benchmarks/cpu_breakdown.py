@@ -2,13 +2,16 @@
 
     python benchmarks/cpu_breakdown.py --code 'print(2+3)' --calls 1500 --callers 16
     python benchmarks/cpu_breakdown.py --policy fresh --calls 60 --callers 16 --pool-size 4
+    python benchmarks/cpu_breakdown.py --client --calls 2000
 
 Reuse: the containers' CPU (their cgroups) split into the supervisor (uid
 65533), the zygote (65532) and the call processes (the rest), plus this
 process and dockerd/containerd/shims, per call. Fresh: the CPU of every host
 process (children reaped by a process count for it) per call, by command
-name, so the container runtime's own cost shows. Linux only; run it on a
-quiet machine, it reads whole-host counters.
+name, so the container runtime's own cost shows. ``--client``: this process's
+CPU per sequential call, by layer (the backend alone, ``arun_code`` on the
+sandbox's own loop, ``arun_code`` from another loop as an application calls
+it). Linux only; run it on a quiet machine, it reads whole-host counters.
 """
 
 from __future__ import annotations
@@ -84,19 +87,26 @@ def containers_cpu() -> float:
     return total
 
 
+def busy_seconds() -> float:
+    """CPU seconds the whole machine has spent not idle (/proc/stat)."""
+    with open("/proc/stat") as handle:
+        ticks = [int(value) for value in handle.readline().split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / HZ
+
+
 def measure(sandbox: Sandbox, code: str, calls: int) -> tuple[float, Callable[[], dict[str, Any]]]:
     sandbox.run_many([code] * 32)
     time.sleep(1.0)
-    before = (host_cpu(), agent_cpu(), containers_cpu(), time.process_time())
+    before = (host_cpu(), agent_cpu(), containers_cpu(), time.process_time(), busy_seconds())
     started = time.perf_counter()
     sandbox.run_many([code] * calls)
     wall = time.perf_counter() - started
-    after = (host_cpu(), agent_cpu(), containers_cpu(), time.process_time())
+    after = (host_cpu(), agent_cpu(), containers_cpu(), time.process_time(), busy_seconds())
 
     def per_call() -> dict[str, Any]:
         ms = 1000 / calls
-        hosts0, agents0, cg0, client0 = before
-        hosts1, agents1, cg1, client1 = after
+        hosts0, agents0, cg0, client0, busy0 = before
+        hosts1, agents1, cg1, client1, busy1 = after
         roles = {65533: 0, 65532: 0}
         for pid, (uid, ticks) in agents1.items():
             if pid in agents0 and uid in roles:
@@ -113,10 +123,38 @@ def measure(sandbox: Sandbox, code: str, calls: int) -> tuple[float, Callable[[]
             "zygote": roles[65532] / HZ * ms,
             "client": (client1 - client0) * ms,
             "daemons": daemons / HZ * ms,
+            "machine": (busy1 - busy0) * ms,
             "by_command": {k: v / HZ * ms for k, v in by_command.items()},
         }
 
     return calls / wall, per_call
+
+
+def client_layers(sandbox: Sandbox, code: str, calls: int) -> dict[str, float]:
+    """This process's CPU ms per sequential call, measured at each layer in turn."""
+    import asyncio
+
+    from retool_exec.backends.base import RunRequest
+
+    request = RunRequest(code=code, timeout=30.0)
+
+    async def timed(call: Callable[[], Any]) -> float:
+        for _ in range(50):
+            await call()
+        started = time.process_time()
+        for _ in range(calls):
+            await call()
+        return (time.process_time() - started) / calls * 1000
+
+    return {
+        "backend.run on the sandbox's loop": sandbox._call_in_loop(
+            timed(lambda: sandbox.backend.run(request))
+        ),
+        "arun_code on the sandbox's loop": sandbox._call_in_loop(
+            timed(lambda: sandbox.arun_code(code))
+        ),
+        "arun_code from another loop": asyncio.run(timed(lambda: sandbox.arun_code(code))),
+    }
 
 
 def main() -> int:
@@ -127,19 +165,34 @@ def main() -> int:
     parser.add_argument("--pool-size", type=int, default=8)
     parser.add_argument("--policy", choices=("reuse", "fresh"), default="reuse")
     parser.add_argument("--runtime", default=None)
+    parser.add_argument("--client", action="store_true", help="the client's CPU by layer")
+    parser.add_argument(
+        "--max-calls",
+        type=int,
+        default=1_000_000,
+        help="max_calls_per_container (default: none retired, so the per-container "
+        "figures hold; with retirements only the machine's total is meaningful)",
+    )
     args = parser.parse_args()
-    # No container may be retired mid-run (its cgroup, and its CPU, would vanish).
+    # By default no container is retired mid-run (its cgroup, and its CPU, would vanish).
     config = DockerConfig(
         policy=args.policy,
         pool_size=args.pool_size,
         runtime=args.runtime,
         labels=LABELS,
-        max_calls_per_container=1_000_000,
+        max_calls_per_container=args.max_calls,
     )
     with Sandbox(backend=config, max_workers=args.callers) as sandbox:
+        if args.client:
+            for layer, value in client_layers(sandbox, args.code, args.calls).items():
+                print(f"  {layer:<36} {value:.3f} ms per call")
+            return 0
         rate, per_call = measure(sandbox, args.code, args.calls)
     figures = per_call()
-    print(f"{rate:.1f} calls/s, {args.callers} callers, {args.policy}; CPU ms per call:")
+    print(
+        f"{rate:.1f} calls/s, {args.callers} callers, {args.policy}; CPU ms per call: "
+        f"the whole machine {figures['machine']:.2f}"
+    )
     if args.policy == "reuse":
         children = figures["containers"] - figures["supervisor"] - figures["zygote"]
         print(

@@ -94,8 +94,15 @@ class DockerConfig(BackendConfigBase):
     ``max_calls_per_container`` calls, with a verified reset between calls."""
     pool_size: int = Field(default=4, ge=1, le=256)
     """Warm containers kept ready (and the most that exist at once)."""
-    max_calls_per_container: int = Field(default=200, ge=1)
-    """``reuse`` only: calls a container serves before it is retired."""
+    max_calls_per_container: int = Field(default=1000, ge=1)
+    """``reuse`` only: calls a container serves before it is retired.
+
+    A bound on a container's life beyond the verified reset after every call
+    (which compares with the container's own baseline, so nothing it measures
+    accumulates whatever this is). A replacement costs a few hundred ms of CPU
+    (the zygote's imports and warm-up, Docker's work): at the former 200 a
+    short call under load cost the host ~1.3 ms of CPU more than at 1000, about
+    an eighth (docs/performance.md)."""
     runtime: str | None = None
     """OCI runtime, e.g. ``"runsc"`` for gVisor; None uses the daemon's default (runc)."""
     image: str | None = None
