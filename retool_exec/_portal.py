@@ -13,7 +13,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 __all__ = ["LoopThread"]
@@ -27,6 +27,8 @@ class LoopThread:
     def __init__(self, name: str) -> None:
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
+        self._gate = threading.Lock()
+        self._accepting = True
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
         self._ready.wait()
@@ -37,14 +39,33 @@ class LoopThread:
         try:
             self.loop.run_forever()
         finally:
-            pending = asyncio.all_tasks(self.loop)
+            self._wind_down()
+
+    def _wind_down(self) -> None:
+        """Every piece of work handed over ends (cancelled) before the loop closes.
+
+        Work handed over just before the stop is still in the loop's queue: it
+        is let in (so its caller hears back) and then cancelled like the rest,
+        until no task is left. Nothing can be handed over after the gate shuts,
+        so no caller waits on a loop that will never run its work.
+        """
+        with self._gate:
+            self._accepting = False
+        self.loop.run_until_complete(asyncio.sleep(0))  # let in what was already handed over
+        while pending := asyncio.all_tasks(self.loop):
             for task in pending:
                 task.cancel()
-            if pending:
-                self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
-            self.loop.run_until_complete(self.loop.shutdown_default_executor())
-            self.loop.close()
+            self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+        self.loop.run_until_complete(self.loop.shutdown_default_executor())
+        self.loop.close()
+
+    def _hand_over(self, callback: Callable[[], object]) -> None:
+        """Queue ``callback`` on the loop; RuntimeError once the loop is stopping."""
+        with self._gate:
+            if not self._accepting:
+                raise RuntimeError("the sandbox's event loop has stopped")
+            self.loop.call_soon_threadsafe(callback)
 
     @property
     def in_loop_thread(self) -> bool:
@@ -52,8 +73,12 @@ class LoopThread:
         return threading.current_thread() is self._thread
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        """Schedule ``coro`` on the loop from any thread."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+        """Schedule ``coro`` on the loop from any thread (RuntimeError once it is stopping)."""
+        with self._gate:
+            if not self._accepting:
+                coro.close()
+                raise RuntimeError("the sandbox's event loop has stopped")
+            return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     async def run_from_other_loop(self, coro: Coroutine[Any, Any, T]) -> T:
         """Await ``coro`` on this loop from another running event loop.
@@ -93,9 +118,9 @@ class LoopThread:
                 task.cancel()
 
         try:
-            self.loop.call_soon_threadsafe(start)
+            self._hand_over(start)
         except RuntimeError:
-            coro.close()  # this loop is closed: never awaited, no warning
+            coro.close()  # this loop is stopping: never awaited, no warning
             raise
         try:
             return await outcome

@@ -138,3 +138,35 @@ def test_an_abandoned_failure_logs_nothing(
         portal.stop()
         gc.collect()
     assert "never retrieved" not in caplog.text
+
+
+def test_work_handed_over_as_the_loop_stops_is_not_left_pending() -> None:
+    """The loop stops with a hand-over still queued: the caller hears back, no hang."""
+    portal = LoopThread(name="stop-race")
+    queued, heard = threading.Event(), []
+
+    def stop_while_a_handover_arrives() -> None:  # runs on the loop, holding its thread
+        portal.loop.stop()
+        queued.wait(5)  # the hand-over lands in the queue while the loop is stopping
+
+    async def work() -> str:
+        await asyncio.sleep(0.2)
+        return "done"
+
+    async def one() -> str:
+        waiting = asyncio.ensure_future(portal.run_from_other_loop(work()))
+        await asyncio.sleep(0.05)
+        queued.set()
+        try:
+            return await waiting
+        except asyncio.CancelledError:
+            return "cancelled"
+        except RuntimeError:
+            return "refused"
+
+    portal.loop.call_soon_threadsafe(stop_while_a_handover_arrives)
+    caller = threading.Thread(target=lambda: heard.append(asyncio.run(one())), daemon=True)
+    caller.start()
+    caller.join(5)
+    assert not caller.is_alive(), "the caller waits for work its closed loop will never run"
+    assert heard == ["cancelled"]
