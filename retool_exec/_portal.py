@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 __all__ = ["LoopThread"]
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 class LoopThread:
@@ -60,12 +61,16 @@ class LoopThread:
         self.loop.run_until_complete(self.loop.shutdown_default_executor())
         self.loop.close()
 
-    def _hand_over(self, callback: Callable[[], object]) -> None:
-        """Queue ``callback`` on the loop; RuntimeError once the loop is stopping."""
+    def _hand_over(self, coro: Coroutine[Any, Any, object], schedule: Callable[[], R]) -> R:
+        """``schedule()`` ``coro`` on the loop, unless the loop is stopping.
+
+        Then RuntimeError, and ``coro`` is closed (never awaited, no warning).
+        """
         with self._gate:
             if not self._accepting:
+                coro.close()
                 raise RuntimeError("the sandbox's event loop has stopped")
-            self.loop.call_soon_threadsafe(callback)
+            return schedule()
 
     @property
     def in_loop_thread(self) -> bool:
@@ -74,11 +79,7 @@ class LoopThread:
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """Schedule ``coro`` on the loop from any thread (RuntimeError once it is stopping)."""
-        with self._gate:
-            if not self._accepting:
-                coro.close()
-                raise RuntimeError("the sandbox's event loop has stopped")
-            return asyncio.run_coroutine_threadsafe(coro, self.loop)
+        return self._hand_over(coro, lambda: asyncio.run_coroutine_threadsafe(coro, self.loop))
 
     async def run_from_other_loop(self, coro: Coroutine[Any, Any, T]) -> T:
         """Await ``coro`` on this loop from another running event loop.
@@ -117,11 +118,7 @@ class LoopThread:
             for task in started:
                 task.cancel()
 
-        try:
-            self._hand_over(start)
-        except RuntimeError:
-            coro.close()  # this loop is stopping: never awaited, no warning
-            raise
+        self._hand_over(coro, lambda: self.loop.call_soon_threadsafe(start))
         try:
             return await outcome
         except asyncio.CancelledError:

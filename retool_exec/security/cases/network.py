@@ -160,16 +160,15 @@ CASES: tuple[Case, ...] = (
                         words = words[1:2] if words[:1] == [keyword] else []
                     for word in words[:1]:
                         try:
-                            found.append(str(ipaddress.ip_address(word.split("%")[0])))
+                            found.append(ipaddress.ip_address(word.split("%")[0]))
                         except ValueError:
                             pass
                 return found
 
             named = addresses("/etc/resolv.conf", "nameserver") + addresses("/etc/hosts")
-            outside = [a for a in named if not (
-                ipaddress.ip_address(a).is_loopback or ipaddress.ip_address(a).is_multicast
-                or ipaddress.ip_address(a).is_reserved)]
-            report(outside=sorted(set(outside)))
+            outside = {str(a) for a in named
+                       if not (a.is_loopback or a.is_multicast or a.is_reserved)}
+            report(outside=sorted(outside))
         """),
         contained=lambda obs: obs.facts()["outside"] == [],
         severity=Severity.LOW,

@@ -59,11 +59,11 @@ TIMEOUT_SETTLE_SECONDS = 0.1
 in the pipes: waiting for end-of-file is not worth a second past the limit (under gVisor
 with busy neighbours a killed process took that long to go, +1.09 s in the benchmark)."""
 INTERRUPT_GRACE = 1.0
+"""Notebook mode: seconds a cell has to stop after KeyboardInterrupt before the process dies."""
 STARTED_DELAY = 0.05
 """Seconds the "started" frame waits: a call that ends sooner says it in its result frame,
 so the host gets one frame per call instead of two (the host only needs "started" to know,
 within its 5 s grace, that a slow call must not be run again elsewhere)."""
-"""Notebook mode: seconds a cell has to stop after KeyboardInterrupt before the process dies."""
 MCL_CURRENT = 1
 
 
