@@ -773,9 +773,9 @@ def start(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     if locked:
         raise PermissionError(f"cannot keep calls off shared devices: {'; '.join(locked)}")
     State.agent, State.sandbox = agent_user, sandbox_user
-    zygote.Setup.sandbox = sandbox_user
-    zygote.Setup.last_cap = identity.last_capability()
-    zygote.Setup.syscall_program = identity.syscall_filter(machine)
+    zygote.Setup.drop = identity.SandboxDrop(
+        sandbox_user, identity.last_capability(), identity.syscall_filter(machine)
+    )
 
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
