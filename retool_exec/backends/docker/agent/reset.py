@@ -36,6 +36,8 @@ FLATTEN_DEPTH = 64
 so neither path length nor open descriptors grow with a tree's depth."""
 
 _libc = ctypes.CDLL(None, use_errno=True)
+
+
 NET_TABLES = ("tcp", "tcp6", "udp", "udp6", "raw", "raw6", "unix", "packet")
 """Read where there is no ``sockstat`` (gVisor). Under runc the tcp tables walk the
 host's whole hash table (1.5 ms each even when empty), so ``sockstat`` is used."""
@@ -43,6 +45,25 @@ SOCKSTAT_FILES = ("/proc/net/sockstat", "/proc/net/sockstat6")
 MEMINFO_KEYS = ("AnonPages", "Shmem")
 CGROUP_V2_KEYS = ("anon", "shmem", "sock")
 CGROUP_V1_KEYS = ("rss", "shmem")
+
+
+def read_text(path: str) -> str:
+    """A small kernel file (``/proc``, cgroup), read with plain syscalls.
+
+    Why not ``open()``: a text stream costs a stat, a tty check, a seek and
+    three stream objects per file, and a reset reads ~20 such files after
+    every call (measured in the image: 11-16 us per file against 5-7).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks: list[bytes] = []
+        while True:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return b"".join(chunks).decode("utf-8", errors="replace")
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
 
 
 # -- removal --------------------------------------------------------------------------
@@ -201,12 +222,10 @@ def sysv_ipc_ids() -> dict[str, list[int]]:
     for kind in ("shm", "msg", "sem"):
         ids = []
         try:
-            with open(f"{SYSVIPC_DIR}/{kind}") as handle:
-                next(handle, None)
-                for line in handle:
-                    fields = line.split()
-                    if len(fields) > 1:
-                        ids.append(int(fields[1]))
+            for line in read_text(f"{SYSVIPC_DIR}/{kind}").splitlines()[1:]:
+                fields = line.split()
+                if len(fields) > 1:
+                    ids.append(int(fields[1]))
         except OSError:
             pass
         found[kind] = ids
@@ -216,7 +235,10 @@ def sysv_ipc_ids() -> dict[str, list[int]]:
 def remove_sysv_ipc() -> list[str]:
     if not os.path.isdir(SYSVIPC_DIR):
         return sweep_sysv_ipc_by_id()
-    for kind, ids in sysv_ipc_ids().items():
+    found = sysv_ipc_ids()
+    if not any(found.values()):
+        return []  # no call process is left to make one: nothing to remove or verify
+    for kind, ids in found.items():
         for ipc_id in ids:
             _ipc_remove(kind, ipc_id)
     return [f"SysV {kind} left: {ids[:5]}" for kind, ids in sysv_ipc_ids().items() if ids]
@@ -252,13 +274,12 @@ def _sockstat() -> dict[str, int] | None:
     counts: dict[str, int] = {}
     try:
         for path in SOCKSTAT_FILES:
-            with open(path) as handle:
-                for line in handle:
-                    protocol, _, rest = line.partition(":")
-                    fields = rest.split()
-                    for key, value in zip(fields[::2], fields[1::2]):  # noqa: B905 - no strict= on 3.9
-                        if key in ("used", "inuse", "orphan", "tw"):
-                            counts[f"{protocol}.{key}"] = int(value)
+            for line in read_text(path).splitlines():
+                protocol, _, rest = line.partition(":")
+                fields = rest.split()
+                for key, value in zip(fields[::2], fields[1::2]):  # noqa: B905 - no strict= on 3.9
+                    if key in ("used", "inuse", "orphan", "tw"):
+                        counts[f"{protocol}.{key}"] = int(value)
     except (OSError, ValueError):
         return None
     return counts
@@ -266,22 +287,20 @@ def _sockstat() -> dict[str, int] | None:
 
 def _net_entries(table: str) -> int | None:
     try:
-        with open(f"/proc/net/{table}") as handle:
-            return max(0, sum(1 for _ in handle) - 1)
+        return max(0, len(read_text(f"/proc/net/{table}").splitlines()) - 1)
     except OSError:
         return None
 
 
 def _key_values(path: str, separator: str | None = None) -> dict[str, int]:
     values = {}
-    with open(path) as handle:
-        for line in handle:
-            fields = line.replace(":", " ").split(separator)
-            if len(fields) >= 2:
-                try:
-                    values[fields[0]] = int(fields[1])
-                except ValueError:
-                    continue
+    for line in read_text(path).splitlines():
+        fields = line.replace(":", " ").split(separator)
+        if len(fields) >= 2:
+            try:
+                values[fields[0]] = int(fields[1])
+            except ValueError:
+                continue
     return values
 
 
@@ -312,13 +331,11 @@ def held_memory() -> tuple[str, int] | None:
 
 def _in_gvisor() -> bool:
     try:
-        with open("/proc/self/cgroup") as handle:
-            text = handle.read()
+        text = read_text("/proc/self/cgroup")
     except OSError:
         text = ""
     try:
-        with open("/proc/version") as handle:
-            version = handle.read()
+        version = read_text("/proc/version")
     except OSError:
         version = ""
     return "gVisor" in version or not text.strip()

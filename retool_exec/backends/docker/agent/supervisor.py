@@ -241,9 +241,8 @@ def call_processes() -> list[int]:
     for entry in os.listdir("/proc"):
         if entry.isdigit() and int(entry) not in spared:
             try:
-                with open(f"/proc/{entry}/stat") as handle:
-                    state = handle.read().rpartition(")")[2].split()[0]
-            except OSError:
+                state = reset.read_text(f"/proc/{entry}/stat").rpartition(")")[2].split()[0]
+            except (OSError, IndexError):
                 continue
             if state not in ("Z", "X"):
                 pids.append(int(entry))
@@ -266,11 +265,10 @@ def end_all_calls(budget: float = 2.0) -> list[int]:
 def oom_kills() -> int | None:
     for path in OOM_COUNTERS:
         try:
-            with open(path) as handle:
-                for line in handle:
-                    key, _, value = line.partition(" ")
-                    if key == "oom_kill":
-                        return int(value)
+            for line in reset.read_text(path).splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
         except (OSError, ValueError):
             continue
     return None
