@@ -96,6 +96,22 @@ class TestSessionContract:
             )
             assert (second.outcome, second.stdout) == (Outcome.SUCCESS, "42 8 kept hello\n")
 
+    def test_every_cell_gets_the_same_std_streams(self, sandbox: Sandbox) -> None:
+        # A process's first run may get streams built ahead of it (by the docker zygote),
+        # later cells build their own: every one must look the same to the code. (A single
+        # call's stdin is the seed's pipe on local, so only its output streams compare.)
+        probe = (
+            "import sys\n"
+            "print([(s.encoding, s.errors, s.line_buffering, s.seekable(), s.isatty(), s.fileno())"
+            " for s in (sys.stdin, sys.stdout, sys.stderr)][{}])"
+        )
+        single = sandbox.run_code(probe.format("1:"))
+        assert single.outcome is Outcome.SUCCESS, single
+        with sandbox.session() as session:
+            cells = [session.run_code(probe.format(part)) for part in (":", ":", "1:")]
+        assert cells[0].stdout == cells[1].stdout, cells
+        assert cells[2].stdout == single.stdout, (cells[2], single)
+
     def test_sessions_do_not_share_state(self, sandbox: Sandbox) -> None:
         with sandbox.session() as one, sandbox.session() as two:
             one.run_code("secret = 1\nopen('mine.txt', 'w').write('one')")
