@@ -129,6 +129,16 @@ class TestBackendContract:
     def test_code_runs_as_main(self, sandbox: Sandbox) -> None:
         assert sandbox.run_code("print(__name__)").stdout == "__main__\n"
 
+    def test_the_main_thread_is_the_process_itself(self, sandbox: Sandbox) -> None:
+        # As in a fresh interpreter: the docker zygote's plain fork must name it again.
+        code = (
+            "import os, threading\n"
+            "main = threading.main_thread()\n"
+            "print(main is threading.current_thread(), main.ident == threading.get_ident(),"
+            " main.native_id == threading.get_native_id() == os.getpid())"
+        )
+        assert sandbox.run_code(code).stdout == "True True True\n"
+
     def test_calls_are_stateless(self, sandbox: Sandbox) -> None:
         assert sandbox.run_code("x = 5\nprint(x)").stdout == "5\n"
         result = sandbox.run_code("print(x)")

@@ -24,7 +24,6 @@ import gc
 import io
 import json
 import os
-import random  # noqa: F401 - imported here, its at-fork hook reseeds every child
 import resource
 import select
 import signal
@@ -36,7 +35,7 @@ import traceback
 import types
 from typing import Any
 
-from . import identity, wire
+from . import forking, identity, wire
 
 EVENTS_FD, REQUEST_FD = 3, 4
 """In a child: 3 carries its events to the supervisor, 4 its request (a unix socket)."""
@@ -189,8 +188,11 @@ def serve(
         identity.become(zygote_user, wire.ZYGOTE_CAPABILITIES)
         identity.harden_self()
         check_child_setup()
-        loaded, failed = preload(modules, huge_pages)
+        registered: list[str] = []
+        with forking.recording_hooks(registered):
+            loaded, failed = preload(modules, huge_pages)
         prepare_std_streams()
+        forking.choose(registered)
         control.send(b"R" + json.dumps({"loaded": loaded, "failed": failed}).encode())
     except BaseException as exc:
         control.send(b"!" + f"{type(exc).__name__}: {exc}".encode(errors="replace")[:4000])
@@ -239,9 +241,9 @@ def _fork_one(control: socket.socket, wake_r: int, wake_w: int) -> None:
             os.close(fd)
         control.send(b"E" + b"bad fork request")
         return
-    reseed_numpy()  # here, not in the child: its pages are the zygote's own, no copy-on-write
+    reseed_numpy()  # here, not in the child (see reseed_numpy)
     try:
-        pid = os.fork()  # (``random`` reseeds itself in the child: its at-fork hook)
+        pid = forking.fork()
     except OSError as exc:
         for fd in fds:
             os.close(fd)
@@ -722,7 +724,7 @@ MT19937_WORDS = 624
 
 
 def reseed_numpy() -> None:
-    """A fresh state for numpy's global generator (``random`` has its own at-fork reseed).
+    """A fresh state for numpy's global generator (``random``: see ``forking.fork``).
 
     Called in the zygote just before each fork, so no two calls share a stream
     and the child does not pay for it: measured, reseeding in the child cost
