@@ -148,6 +148,7 @@ class SandboxDrop:
         self._none_header = ctypes.pointer(_CapHeader(_CAPABILITY_VERSION_3, 0))
         self._read = (_CapData * 2)()
         self._read_header = ctypes.pointer(_CapHeader(_CAPABILITY_VERSION_3, 0))
+        self._prctl, self._capset, self._capget = _libc.prctl, _libc.capset, _libc.capget
         self._program = ctypes.create_string_buffer(syscall_program, len(syscall_program))
         self._fprog = ctypes.pointer(
             _SockFprog(len(syscall_program) // 8, ctypes.addressof(self._program))
@@ -157,22 +158,23 @@ class SandboxDrop:
         """In a child: drop to the calls' uid, no capability, the syscall filter; or raise."""
         sandbox = self.sandbox
         for capability in self.bounding:
-            failed = _libc.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0) != 0
+            failed = self._prctl(PR_CAPBSET_DROP, capability, 0, 0, 0) != 0
             if failed and ctypes.get_errno() != EINVAL:  # EINVAL: one this kernel lacks
                 raise OSError(ctypes.get_errno(), f"PR_CAPBSET_DROP {capability}")
         os.setgroups([])
         os.setresgid(sandbox.gid, sandbox.gid, sandbox.gid)
         os.setresuid(sandbox.uid, sandbox.uid, sandbox.uid)
-        _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)  # EINVAL where unsupported
-        if _libc.capset(self._none_header, self._none) != 0:
+        self._prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)  # EINVAL where unsupported
+        if self._capset(self._none_header, self._none) != 0:
             raise OSError(ctypes.get_errno(), "capset")
-        if _libc.capget(self._read_header, self._read) != 0:
+        if self._capget(self._read_header, self._read) != 0:
             raise OSError(ctypes.get_errno(), "capget")
         held = any(word.effective or word.permitted for word in self._read)
         if os.getresuid() != (sandbox.uid,) * 3 or held:
             raise PermissionError(f"could not become the sandbox user: {os.getresuid()}")
-        prctl(PR_SET_NO_NEW_PRIVS, 1)
-        if _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, self._fprog, 0, 0) != 0:
+        if self._prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS")
+        if self._prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, self._fprog, 0, 0) != 0:
             errno = ctypes.get_errno()
             raise OSError(errno, f"installing the seccomp filter: {os.strerror(errno)}")
 

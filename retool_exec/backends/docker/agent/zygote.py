@@ -312,11 +312,7 @@ def child_main(events_w: int, request_r: int, out_w: int, err_w: int) -> None:
         # Its own /proc entries (owned by root while non-dumpable), so
         # oom_score_adj below is writable and the kernel's OOM killer picks it.
         identity._libc.prctl(identity.PR_SET_DUMPABLE, 1, 0, 0, 0)
-        try:
-            with open("/proc/self/oom_score_adj", "w") as handle:
-                handle.write("1000")
-        except OSError:
-            pass
+        _write_quietly("/proc/self/oom_score_adj", b"1000")
         os.chdir(wire.WORKDIR)
         request_sock = socket.socket(fileno=REQUEST_FD)
         try:
@@ -350,6 +346,21 @@ def child_main(events_w: int, request_r: int, out_w: int, err_w: int) -> None:
             )
     finally:
         os._exit(status)
+
+
+def _write_quietly(path: str, data: bytes) -> None:
+    """Best effort, with plain syscalls: ``open()`` would build a text stream (see
+    ``prepare_std_streams``) and copy ~30 of the zygote's pages doing so."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.write(fd, data)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _lower(limit: int, value: int) -> None:
