@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import marshal
 import struct
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -61,3 +63,29 @@ def test_garbage_frame_is_a_protocol_error() -> None:
         FrameDecoder().feed(struct.pack(">I", 3) + b"{{{")
     with pytest.raises(ProtocolError, match="typed JSON object"):
         FrameDecoder().feed(encode_frame({"no": "type"}))
+
+
+# -- supervisor -> call process frames (marshal) ------------------------------------------
+
+
+@given(messages, st.text(max_size=200), st.floats(allow_nan=False))
+def test_frames_to_a_call_round_trip(message: dict[str, Any], code: str, timeout: float) -> None:
+    from retool_exec.backends.docker.agent import wire
+
+    sent = {**message, "code": code, "timeout": timeout, "cells": [code, ""]}
+    frame = wire.encode_for_call(sent)
+    (size,) = wire.FRAME_HEADER.unpack(frame[: wire.FRAME_HEADER.size])
+    assert size == len(frame) - wire.FRAME_HEADER.size
+    assert wire.decode_for_call(frame[wire.FRAME_HEADER.size :]) == sent
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"", b"\x00\x01", b"not marshal", marshal.dumps(None), marshal.dumps([1]),
+     marshal.dumps({"no": "type"})],
+)  # fmt: skip
+def test_a_broken_frame_to_a_call_is_a_wire_error(data: bytes) -> None:
+    from retool_exec.backends.docker.agent import wire
+
+    with pytest.raises(wire.WireError):
+        wire.decode_for_call(data)

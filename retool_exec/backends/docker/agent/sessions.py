@@ -104,7 +104,7 @@ def open_session(sid: int, request: dict[str, Any]) -> dict[str, Any]:
         "workdir": workdir(sid),
     }
     try:
-        child.request.sendall(wire.encode_frame(to_child))
+        child.request.sendall(wire.encode_for_call(to_child))
     except OSError as exc:
         child.close()
         return _refused(sid, f"the session's process is gone: {exc}")
@@ -158,7 +158,7 @@ def close_session(sid: int) -> None:
 
 
 def _send(process: SessionProcess, message: dict[str, Any], fds: list[int]) -> None:
-    frame = wire.encode_frame(message)
+    frame = wire.encode_for_call(message)
     process.request.sendmsg(
         [frame[: wire.FRAME_HEADER.size]],
         [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))],

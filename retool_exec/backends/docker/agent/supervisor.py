@@ -417,7 +417,7 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
         "stdin": request.get("stdin"),
         "script": request.get("script"),
     }
-    child.request.sendall(wire.encode_frame(to_child))
+    child.request.sendall(wire.encode_for_call(to_child))
     for fd in (child.out_r, child.err_r, child.events_r):
         os.set_blocking(fd, False)  # a stale poll event (reused number) must never block
 
@@ -449,7 +449,7 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
         events = wire.FrameDecoder(max_frame=1 << 20)  # a half frame left by a cell is dropped
         if index > 0:  # ... and so is whatever an earlier cell wrote after its end
             zygote.discard_pending(child.events_r)  # (not before the first: "started")
-        frame = wire.encode_frame(
+        frame = wire.encode_for_call(
             {"type": "cell", "index": index, "code": cells[index], "token": cell_token}
         )
         try:

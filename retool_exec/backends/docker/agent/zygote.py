@@ -391,7 +391,7 @@ def _receive_raw(sock: socket.socket, fds_wanted: int = 2) -> tuple[dict[str, An
         if not chunk:
             raise EOFError("request socket closed")
         payload += chunk
-    return wire.decode_payload(bytes(payload)), fds
+    return wire.decode_for_call(bytes(payload)), fds
 
 
 def _recv_with_fds(sock: socket.socket, size: int, fds_wanted: int) -> tuple[bytes, list[int]]:
