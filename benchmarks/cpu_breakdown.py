@@ -6,7 +6,8 @@
 
 Reuse: the containers' CPU (their cgroups) split into the supervisor (uid
 65533), the zygote (65532) and the call processes (the rest), plus this
-process and dockerd/containerd/shims, per call. Fresh: the CPU of every host
+process and dockerd/containerd/shims, per call, and the containers' page
+faults per call (mostly a child's copies of the zygote's pages). Fresh: the CPU of every host
 process (children reaped by a process count for it) per call, by command
 name, so the container runtime's own cost shows. ``--client``: this process's
 CPU per sequential call, by layer (the backend alone, ``arun_code`` on the
@@ -87,6 +88,21 @@ def containers_cpu() -> float:
     return total
 
 
+def containers_faults() -> int:
+    """Page faults of every Docker container so far (their memory cgroups' ``pgfault``)."""
+    total = 0
+    for pattern in (
+        "/sys/fs/cgroup/memory/docker/*/memory.stat",
+        "/sys/fs/cgroup/system.slice/docker-*.scope/memory.stat",
+    ):
+        for path in glob.glob(pattern):
+            with open(path) as handle:
+                for line in handle:
+                    if line.startswith("pgfault "):
+                        total += int(line.split()[1])
+    return total
+
+
 def busy_seconds() -> float:
     """CPU seconds the whole machine has spent not idle (/proc/stat)."""
     with open("/proc/stat") as handle:
@@ -97,16 +113,30 @@ def busy_seconds() -> float:
 def measure(sandbox: Sandbox, code: str, calls: int) -> tuple[float, Callable[[], dict[str, Any]]]:
     sandbox.run_many([code] * 32)
     time.sleep(1.0)
-    before = (host_cpu(), agent_cpu(), containers_cpu(), time.process_time(), busy_seconds())
+    before = (
+        host_cpu(),
+        agent_cpu(),
+        containers_cpu(),
+        time.process_time(),
+        busy_seconds(),
+        containers_faults(),
+    )
     started = time.perf_counter()
     sandbox.run_many([code] * calls)
     wall = time.perf_counter() - started
-    after = (host_cpu(), agent_cpu(), containers_cpu(), time.process_time(), busy_seconds())
+    after = (
+        host_cpu(),
+        agent_cpu(),
+        containers_cpu(),
+        time.process_time(),
+        busy_seconds(),
+        containers_faults(),
+    )
 
     def per_call() -> dict[str, Any]:
         ms = 1000 / calls
-        hosts0, agents0, cg0, client0, busy0 = before
-        hosts1, agents1, cg1, client1, busy1 = after
+        hosts0, agents0, cg0, client0, busy0, faults0 = before
+        hosts1, agents1, cg1, client1, busy1, faults1 = after
         roles = {65533: 0, 65532: 0}
         for pid, (uid, ticks) in agents1.items():
             if pid in agents0 and uid in roles:
@@ -124,6 +154,7 @@ def measure(sandbox: Sandbox, code: str, calls: int) -> tuple[float, Callable[[]
             "client": (client1 - client0) * ms,
             "daemons": daemons / HZ * ms,
             "machine": (busy1 - busy0) * ms,
+            "faults": (faults1 - faults0) / calls,
             "by_command": {k: v / HZ * ms for k, v in by_command.items()},
         }
 
@@ -200,6 +231,7 @@ def main() -> int:
             f"zygote {figures['zygote']:.2f}, call processes {children:.2f}), "
             f"client {figures['client']:.2f}, docker daemons {figures['daemons']:.2f}"
         )
+        print(f"  page faults per call in the containers: {figures['faults']:.0f}")
     else:
         top = sorted(figures["by_command"].items(), key=lambda item: -item[1])[:8]
         for command, value in top:
