@@ -110,28 +110,26 @@ def busy_seconds() -> float:
     return (sum(ticks) - ticks[3] - ticks[4]) / HZ
 
 
+def snapshot() -> tuple[Any, ...]:
+    """Every counter ``measure`` compares, read now."""
+    return (
+        host_cpu(),
+        agent_cpu(),
+        containers_cpu(),
+        time.process_time(),
+        busy_seconds(),
+        containers_faults(),
+    )
+
+
 def measure(sandbox: Sandbox, code: str, calls: int) -> tuple[float, Callable[[], dict[str, Any]]]:
     sandbox.run_many([code] * 32)
     time.sleep(1.0)
-    before = (
-        host_cpu(),
-        agent_cpu(),
-        containers_cpu(),
-        time.process_time(),
-        busy_seconds(),
-        containers_faults(),
-    )
+    before = snapshot()
     started = time.perf_counter()
     sandbox.run_many([code] * calls)
     wall = time.perf_counter() - started
-    after = (
-        host_cpu(),
-        agent_cpu(),
-        containers_cpu(),
-        time.process_time(),
-        busy_seconds(),
-        containers_faults(),
-    )
+    after = snapshot()
 
     def per_call() -> dict[str, Any]:
         ms = 1000 / calls
