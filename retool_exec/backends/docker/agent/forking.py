@@ -26,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import os
 import random
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -59,8 +60,6 @@ def recording_hooks(registered: list[str]) -> Iterator[None]:
 
 
 def _caller_module() -> str:
-    import sys
-
     try:
         return str(sys._getframe(2).f_globals.get("__name__", "?"))
     except ValueError:

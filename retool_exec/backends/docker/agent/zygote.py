@@ -58,10 +58,15 @@ WARMUPS = {
 """Run once after import, so lazily imported submodules are warm in every child."""
 
 
+StdStreams = tuple[io.TextIOWrapper, io.TextIOWrapper, io.TextIOWrapper]
+
+
 class Setup:
-    """How the calls drop their privileges: decided once at start, before the zygote exists."""
+    """What every call's child gets, made once: how it drops its privileges (decided
+    before the zygote exists) and the std streams of its first run (``prepare_std_streams``)."""
 
     drop: identity.SandboxDrop | None = None
+    std_streams: StdStreams | None = None
 
 
 def make_call_safe() -> None:
@@ -436,9 +441,6 @@ def _send_frame(frame: bytes) -> None:
         pass
 
 
-StdStreams = tuple[io.TextIOWrapper, io.TextIOWrapper, io.TextIOWrapper]
-
-
 def _new_std_streams() -> StdStreams:
     """Text streams over descriptors 0, 1 and 2, as a fresh ``python3`` has them."""
     return (
@@ -451,12 +453,6 @@ def _new_std_streams() -> StdStreams:
             line_buffering=True,
         ),
     )
-
-
-class Prepared:
-    """What the zygote builds once for its children (``prepare_std_streams``)."""
-
-    std_streams: StdStreams | None = None
 
 
 def prepare_std_streams() -> None:
@@ -477,7 +473,7 @@ def prepare_std_streams() -> None:
     try:
         os.dup2(write_end, 1)
         os.dup2(write_end, 2)
-        Prepared.std_streams = _new_std_streams()
+        Setup.std_streams = _new_std_streams()
     finally:
         os.dup2(saved[0], 1)
         os.dup2(saved[1], 2)
@@ -487,7 +483,7 @@ def prepare_std_streams() -> None:
 
 def _std_streams() -> None:
     """Install the std streams: the prepared ones for a child's first run, new ones after."""
-    streams, Prepared.std_streams = Prepared.std_streams or _new_std_streams(), None
+    streams, Setup.std_streams = Setup.std_streams or _new_std_streams(), None
     sys.stdin = sys.__stdin__ = streams[0]  # type: ignore[misc]
     sys.stdout = sys.__stdout__ = streams[1]  # type: ignore[misc]
     sys.stderr = sys.__stderr__ = streams[2]  # type: ignore[misc]
