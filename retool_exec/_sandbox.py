@@ -5,9 +5,12 @@
     text = sandbox.format_tool_content(results[0])
     metrics.update(sandbox.stats.metrics())
 
-The backend runs on the sandbox's own event loop (see ``_portal``), so the
+The backend lives on the sandbox's own event loop (see ``_portal``), so the
 same object works from sync code, from one event loop, or from a new
-``asyncio.run()`` every training step. ``latency`` is measured from the
+``asyncio.run()`` every training step. Once a backend that allows it has
+started (``Backend.runs_on_any_loop``: the Docker backend), ``arun_code``
+runs the call on the caller's own loop instead, and the calls of every loop
+share one ``max_workers`` limit (``_handoff.Slots``). ``latency`` is measured from the
 moment a call is submitted, so it includes waiting for a slot, as in the seed.
 """
 
@@ -33,6 +36,7 @@ from retool_exec._errors import (
     SessionLimitError,
 )
 from retool_exec._formatting import format_tool_content, resolve_markers
+from retool_exec._handoff import Slots
 from retool_exec._models import ExecResult, Outcome
 from retool_exec._portal import LoopThread
 from retool_exec._session import Session
@@ -107,7 +111,7 @@ class Sandbox:
         self.stats = SandboxStats()
         self._lock = threading.Lock()
         self._portal: LoopThread | None = None
-        self._slots: asyncio.Semaphore | None = None
+        self._slots: Slots | None = None
         self._start_lock: asyncio.Lock | None = None
         self._started = False
         self._closed = False
@@ -183,6 +187,8 @@ class Sandbox:
         )
         if isinstance(request_or_result, ExecResult):
             return request_or_result
+        if self._runs_here():
+            return await self._run(request_or_result, submitted)
         return await self._acall_in_loop(self._run(request_or_result, submitted))
 
     def format_tool_content(self, result: ExecResult) -> str:
@@ -212,6 +218,8 @@ class Sandbox:
     ) -> list[ExecResult]:
         """Async ``run_many``."""
         codes = _code_list(codes)
+        if self._runs_here():
+            return await self._gather(codes, timeout, memory_mb)
         return await self._acall_in_loop(self._gather(codes, timeout, memory_mb))
 
     # -- sessions ----------------------------------------------------------------
@@ -306,6 +314,16 @@ class Sandbox:
         except BaseException:
             future.cancel()
             raise
+
+    def _runs_here(self) -> bool:
+        """Whether a call may run on the caller's own event loop (the backend is started and
+        allows it); else it is handed to the sandbox's loop."""
+        return (
+            self._started
+            and not self._closed
+            and os.getpid() == self._owner_pid
+            and self.backend.runs_on_any_loop
+        )
 
     async def _acall_in_loop(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the sandbox's loop without blocking the caller's loop."""
@@ -485,9 +503,13 @@ class Sandbox:
                 self._started = True
 
     async def _run(self, request: RunRequest, submitted: float) -> ExecResult:
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self.concurrency)
-        async with self._slots:
+        slots = self._slots
+        if slots is None:
+            with self._lock:
+                if self._slots is None:
+                    self._slots = Slots(self.concurrency)
+                slots = self._slots
+        async with slots:
             slot_wait = time.perf_counter() - submitted
             await self._ensure_started()
             result = await self.backend.run(request)

@@ -94,6 +94,13 @@ class Backend(abc.ABC):
         """How many calls it runs at once (None: no fixed bound). ``Sandbox`` queues the rest."""
         return None
 
+    @property
+    def runs_on_any_loop(self) -> bool:
+        """Whether ``run`` may now be awaited on any event loop, not only the one that
+        started the backend. ``Sandbox`` then runs calls on their caller's loop, with no
+        hop to its own loop thread and back (two thread wake-ups per call)."""
+        return False
+
     async def start(self) -> None:  # noqa: B027 - optional hook, empty by default
         """Get ready to run (warm containers, ...). Idempotent."""
 

@@ -48,6 +48,8 @@ START_GRACE = 5.0
 as broken (paused, wedged) and, since the code provably never ran, the call moves on."""
 RETRIES_BEFORE_START = 1
 """Times a call whose container failed before its code began is run on another one."""
+RESET_CONFIRMATION_LIMIT = 10.0
+"""Seconds a reuse container has to confirm its reset after a call; past them it is retired."""
 
 
 class CallProgress:
@@ -163,38 +165,40 @@ class DockerBackend(Backend):
                 "install gVisor and register it in /etc/docker/daemon.json"
             )
 
+    @property
+    def runs_on_any_loop(self) -> bool:
+        """Once started, a call runs on whichever event loop awaits it (see ``WarmPool``)."""
+        return self._pool is not None
+
     async def run(self, request: RunRequest) -> ExecResult:
         started = time.perf_counter()
         if self._pool is None:
             await self.start()
         pool = self._pool
-        assert pool is not None
+        if pool is None:  # closed meanwhile (by another thread)
+            return self._failure(started, "the Docker backend was closed")
         for attempt in range(1 + RETRIES_BEFORE_START):
             try:
-                container = await pool.acquire(self.config.start_timeout)
+                container = await self._acquire_clean(pool)
             except PoolUnavailableError as exc:
                 return self._failure(started, f"no sandbox container available: {exc}")
             waited = time.perf_counter() - started
-            if container.channel.at_eof():  # died while idle: never hand it out
-                pool.retire(container)
-                continue
             progress = CallProgress()
             try:
                 reply = await self._call(container, request, progress)
-            except asyncio.CancelledError:
-                pool.retire(container)  # the call may still be running in it
-                raise
             except (TimeoutError, ProtocolError) as exc:
                 # A stream that ended may be gVisor killing the sandbox for memory; a silent
                 # agent (frozen, or wedged) is still running, so there is nothing to ask.
                 # Asked even without a "started" frame: the agent sends that frame only
                 # once a call has run 50 ms, and only code can outgrow the container.
-                oom = (
-                    isinstance(exc, ProtocolError)
-                    and self._factory is not None
-                    and await self._factory.oom_killed(container.id)
-                )
-                pool.retire(container)
+                try:
+                    oom = (
+                        isinstance(exc, ProtocolError)
+                        and self._factory is not None
+                        and await self._factory.oom_killed(container.id)
+                    )
+                finally:
+                    pool.retire(container)
                 if not progress.code_started and attempt < RETRIES_BEFORE_START and not oom:
                     # The code provably never ran (no "started" frame): run it elsewhere.
                     log.warning("retrying a call whose container failed before it began: %s", exc)
@@ -212,8 +216,12 @@ class DockerBackend(Backend):
                 return self._failure(
                     started, f"the sandbox container failed mid-call: {exc}", waited
                 )
+            except BaseException:  # cancelled (or its loop went away): the call may still run
+                pool.retire(container)
+                raise
             if self.config.policy == "reuse":
-                pool.track(self._await_reset(container))
+                container.reset_due = time.monotonic() + RESET_CONFIRMATION_LIMIT
+                pool.release(container)
             else:
                 pool.retire(container)
             try:
@@ -233,7 +241,7 @@ class DockerBackend(Backend):
         pool = self._pool
         assert pool is not None
         try:
-            container = await pool.acquire(self.config.start_timeout)
+            container = await self._acquire_clean(pool)
         except PoolUnavailableError as exc:
             raise SessionLostError(f"no sandbox container for the session: {exc}") from exc
         pool.detach(container)
@@ -291,12 +299,10 @@ class DockerBackend(Backend):
         sent = time.monotonic()
         deadline = sent + request.timeout + self.config.host_grace
         start_deadline = min(deadline, sent + START_GRACE)
-        await container.channel.send(frame)
+        await container.channel.send(frame, timeout=START_GRACE)
         while True:
             until = deadline if progress.code_started else start_deadline
-            # asyncio.timeout, not wait_for: no task per frame on the hot path.
-            async with asyncio.timeout(max(0.0, until - time.monotonic())):
-                reply = await container.channel.receive()
+            reply = await container.channel.receive(timeout=max(0.0, until - time.monotonic()))
             authentic = reply.get("id") == call_id and hmac.compare_digest(
                 str(reply.get("nonce")), container.nonce
             )
@@ -310,16 +316,45 @@ class DockerBackend(Backend):
                 raise ProtocolError(f"the agent failed: {str(reply.get('reason'))[:300]}")
             raise ProtocolError(f"unauthenticated frame from the agent: {reply.get('type')!r}")
 
-    async def _await_reset(self, container: SandboxContainer) -> None:
-        pool = self._pool
-        assert pool is not None
+    async def _acquire_clean(self, pool: WarmPool) -> SandboxContainer:
+        """A ready container whose reset after its last call is confirmed.
+
+        The confirmation is read here, by the call that takes the container,
+        so it costs no wake-up of its own; one that is late past
+        ``RESET_CONFIRMATION_LIMIT``, unclean, or from a container that died
+        while idle retires that container, and the next one is taken.
+        """
+        deadline = time.monotonic() + self.config.start_timeout
+        while True:
+            container = await pool.acquire(max(0.0, deadline - time.monotonic()))
+            try:
+                clean = await self._confirm_reset(container)
+            except BaseException:
+                pool.retire(container)
+                raise
+            if clean and container.channel.poll():  # anything more while idle: it died
+                log.warning(
+                    "retiring container %s: %s",
+                    container.id[:12],
+                    "its stream ended while idle"
+                    if container.channel.at_eof()
+                    else "it sent a frame while idle",
+                )
+                clean = False
+            if clean:
+                return container
+            pool.retire(container)
+
+    async def _confirm_reset(self, container: SandboxContainer) -> bool:
+        """Whether the agent confirmed, in time, that the last call's reset left it clean."""
+        due, container.reset_due = container.reset_due, None
+        if due is None:
+            return True
         try:
-            async with asyncio.timeout(10.0):
-                reply = await container.channel.receive()
+            reply = await container.channel.receive(timeout=max(0.0, due - time.monotonic()))
         except (TimeoutError, ProtocolError) as exc:
             log.warning("retiring container %s: no reset confirmation (%s)", container.id[:12], exc)
-            pool.retire(container)
-            return
+            return False
         clean = (
             reply.get("type") == "reset"
             and reply.get("clean") is True
@@ -327,7 +362,7 @@ class DockerBackend(Backend):
         )
         if not clean:
             log.warning("retiring container %s: %s", container.id[:12], reply.get("reason"))
-        pool.release(container, clean=clean)
+        return clean
 
     def _result(self, reply: dict[str, Any], started: float, waited: float) -> ExecResult:
         if reply.get("setup_error"):
@@ -441,7 +476,7 @@ class DockerBackend(Backend):
             return None
         return PoolStats(
             size=pool.size,
-            ready=pool.ready_count,
+            ready=pool.count_ready(_reset_settled),
             pending=sum(not task.done() for task in pool._tasks),
             started=pool.started_containers,
             pool_id=pool.factory.pool_id,
@@ -460,6 +495,11 @@ def streams(frame: dict[str, Any], limit: int) -> tuple[str, int, str, int]:
     return stdout, stdout_dropped, stderr, stderr_dropped
 
 
+def _reset_settled(container: SandboxContainer) -> bool:
+    """Whether an idle container's last reset has been answered (read without waiting)."""
+    return container.reset_due is None or container.channel.poll()
+
+
 def _remove_orphans(client: docker.DockerClient) -> None:
     """The start-up sweep: remove containers whose owner process is gone."""
     for orphan in find_orphans(client):
@@ -476,9 +516,9 @@ class PoolStats:
     size: int
     """Containers the pool keeps (``pool_size``)."""
     ready: int
-    """Containers ready for a call now (a reused one only once its reset is confirmed)."""
+    """Containers ready for a call now (a reused one only once its agent answered its reset)."""
     pending: int
-    """Background steps still running: container starts, removals, reset confirmations."""
+    """Background steps still running: container starts and removals."""
     started: int
     """Containers started since the pool started."""
     pool_id: str

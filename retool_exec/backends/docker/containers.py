@@ -1,8 +1,8 @@
 """Creating, connecting to and destroying sandbox containers, plus finding orphans.
 
 Blocking docker-py calls run in a small thread pool (never on the event
-loop); the attach stream of each container is then driven by asyncio
-directly, so a call costs no Docker API request at all.
+loop); the attach stream of each container is then read and written by the
+call that holds it (``AgentChannel``), so a call costs no Docker API request.
 """
 
 from __future__ import annotations
@@ -164,6 +164,9 @@ class SandboxContainer:
     next_id: int = 0
     nonce: str = ""
     """The current call's nonce: only frames carrying it are the agent's."""
+    reset_due: float | None = None
+    """While the reset after its last call is not yet confirmed: the ``time.monotonic()``
+    by which the confirmation must have come (it is read when the next call takes it)."""
 
 
 class ContainerFactory:
@@ -208,9 +211,8 @@ class ContainerFactory:
             release_sandbox_uid(uid)
             raise
         try:
-            reader, writer = await asyncio.open_connection(sock=raw_socket)
-            channel = AgentChannel(reader, writer)
-            ready = await asyncio.wait_for(channel.receive(), self.config.start_timeout)
+            channel = AgentChannel(raw_socket)
+            ready = await channel.receive(timeout=self.config.start_timeout)
             if ready.get("type") == "fatal":
                 raise ProtocolError(f"the agent refused to start: {ready.get('reason')}")
             if ready.get("type") != "ready":

@@ -75,8 +75,8 @@ class SessionFamily:
                 await container.channel.send({**frame, "id": call_id, "nonce": container.nonce})
                 deadline = time.monotonic() + timeout
                 while True:
-                    reply = await asyncio.wait_for(
-                        container.channel.receive(), max(0.0, deadline - time.monotonic())
+                    reply = await container.channel.receive(
+                        timeout=max(0.0, deadline - time.monotonic())
                     )
                     authentic = reply.get("id") == call_id and hmac.compare_digest(
                         str(reply.get("nonce")), container.nonce

@@ -1,0 +1,191 @@
+"""Calls run on their caller's own event loop, on real containers (``Backend.runs_on_any_loop``).
+
+Once the Docker backend has started, ``arun_code`` reads and writes the
+container's stream on the loop that awaits it; the pool and the
+``max_workers`` slots are shared by every loop. These tests hold that to
+what a trainer does: a new ``asyncio.run()`` per step, several threads each
+with a loop, callers that give up mid-call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import docker
+import pytest
+
+from retool_exec import DockerConfig, Outcome, Sandbox
+from retool_exec.backends.docker.backend import DockerBackend
+from retool_exec.backends.docker.containers import SandboxContainer
+from retool_exec.bench.pools import settle
+from tests.conftest import LABELS, require_docker
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture()
+def pool_of_two() -> Iterator[Sandbox]:
+    require_docker()
+    config = DockerConfig(policy="reuse", pool_size=2, timeout=20, labels=LABELS)
+    with Sandbox(config, max_workers=2) as sandbox:
+        sandbox.start()
+        yield sandbox
+
+
+def _pool_containers(sandbox: Sandbox) -> list[str]:
+    backend = sandbox.backend
+    assert isinstance(backend, DockerBackend) and backend._factory is not None
+    client = docker.from_env()
+    try:
+        label = f"org.retool_exec.pool={backend._factory.pool_id}"
+        return [c["Id"] for c in client.api.containers(filters={"label": label})]
+    finally:
+        client.close()
+
+
+def _record_containers(sandbox: Sandbox) -> list[str]:
+    backend = sandbox.backend
+    assert isinstance(backend, DockerBackend)
+    seen: list[str] = []
+    original = backend._call
+
+    async def recording(container: SandboxContainer, request: Any, *rest: Any) -> dict[str, Any]:
+        seen.append(container.id)
+        return await original(container, request, *rest)
+
+    backend._call = recording  # type: ignore[method-assign]
+    return seen
+
+
+def test_a_call_needs_no_hop_to_the_sandboxs_own_loop(pool_of_two: Sandbox) -> None:
+    """With the sandbox's loop thread blocked, a call from another loop still completes."""
+    portal = pool_of_two._portal
+    assert portal is not None
+    blocked, free = threading.Event(), threading.Event()
+
+    def block() -> None:
+        blocked.set()
+        free.wait(30)
+
+    portal.loop.call_soon_threadsafe(block)
+    assert blocked.wait(5)
+    try:
+        result = asyncio.run(asyncio.wait_for(pool_of_two.arun_code("print(6 * 7)"), 15))
+    finally:
+        free.set()
+    assert (result.outcome, result.stdout) == (Outcome.SUCCESS, "42\n"), result
+
+
+def test_loops_of_many_threads_share_the_pool_and_max_workers(pool_of_two: Sandbox) -> None:
+    """Three threads, each with its own asyncio.run(), six calls each: every result is the
+    caller's own, and never more than max_workers=2 run at once (timed in the containers)."""
+    code = "import time; began = time.time(); time.sleep(0.15); print({n}, began, time.time())"
+    results: dict[int, Any] = {}
+
+    def thread_main(first: int) -> None:
+        async def step() -> list[Any]:
+            calls = [pool_of_two.arun_code(code.format(n=n)) for n in range(first, first + 6)]
+            return await asyncio.gather(*calls)
+
+        for offset, result in enumerate(asyncio.run(step())):
+            results[first + offset] = result
+
+    threads = [threading.Thread(target=thread_main, args=(first,)) for first in (0, 6, 12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert sorted(results) == list(range(18))
+    spans = []
+    for n, result in results.items():
+        assert result.outcome is Outcome.SUCCESS, result
+        echoed, began, ended = result.stdout.split()
+        assert int(echoed) == n, "a result went to the wrong caller"
+        spans.append((float(began), float(ended)))
+    most = max(sum(1 for b, e in spans if b <= moment < e) for moment, _ in spans)
+    assert most <= 2, f"{most} calls ran at once with max_workers=2"
+    assert pool_of_two._slots is not None and pool_of_two._slots.free == 2
+
+
+def test_a_caller_that_gives_up_retires_its_container_and_the_pool_refills(
+    pool_of_two: Sandbox,
+) -> None:
+    """A call abandoned on its loop may still run: its container is never handed out again."""
+    seen = _record_containers(pool_of_two)
+
+    async def give_up() -> None:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(pool_of_two.arun_code("import time; time.sleep(30)"), 1.0)
+
+    asyncio.run(give_up())
+    [abandoned] = seen
+    asyncio.run(settle(pool_of_two, 60))
+    assert abandoned not in _pool_containers(pool_of_two)
+    assert len(_pool_containers(pool_of_two)) == 2
+
+    async def later() -> list[Any]:
+        return await asyncio.gather(*(pool_of_two.arun_code("print('next')") for _ in range(4)))
+
+    assert [r.stdout for r in asyncio.run(later())] == ["next\n"] * 4
+    assert abandoned not in seen[1:]
+    assert pool_of_two._slots is not None and pool_of_two._slots.free == 2
+
+
+def test_a_loop_that_ends_with_calls_in_flight_leaves_the_pool_whole(pool_of_two: Sandbox) -> None:
+    """asyncio.run() cancels what its step left running: no container or slot is lost."""
+
+    async def step() -> None:
+        for _ in range(2):
+            asyncio.get_running_loop().create_task(
+                pool_of_two.arun_code("import time; time.sleep(30)")
+            )
+        await asyncio.sleep(0.5)  # both calls are in their containers now
+
+    asyncio.run(step())
+    asyncio.run(settle(pool_of_two, 60))
+    assert pool_of_two._slots is not None and pool_of_two._slots.free == 2
+    started = time.monotonic()
+    result = pool_of_two.run_code("print('whole')")
+    assert result.stdout == "whole\n", result
+    assert time.monotonic() - started < 10
+    assert len(_pool_containers(pool_of_two)) == 2
+
+
+@pytest.mark.parametrize(
+    "confirmation",
+    [None, {"type": "reset", "clean": False, "reason": "a process was left"}, "wrong nonce"],
+    ids=["absent", "unclean", "forged"],
+)
+def test_a_container_whose_reset_is_not_confirmed_is_not_handed_out(confirmation: Any) -> None:
+    """The next call reads the confirmation the agent sent after the last call: absent
+    (past its deadline), unclean, or without the call's nonce, the container is retired
+    and the call runs on another one."""
+    require_docker()
+    config = DockerConfig(policy="reuse", pool_size=1, timeout=10, labels=LABELS)
+    with Sandbox(config, max_workers=1) as sandbox:
+        sandbox.start()
+        seen = _record_containers(sandbox)
+        assert sandbox.run_code("print(1)").ok
+        backend = sandbox.backend
+        assert isinstance(backend, DockerBackend) and backend.pool is not None
+        [idle] = backend.pool._ready._items
+        deadline = time.monotonic() + 10
+        while not idle.channel.poll() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        [sent] = list(idle.channel._pending)
+        assert sent["type"] == "reset" and sent["clean"] is True, sent
+        idle.channel._pending.clear()
+        if confirmation == "wrong nonce":
+            idle.channel._pending.append({**sent, "nonce": "0" * 32})
+        elif confirmation is not None:
+            idle.channel._pending.append({**confirmation, "nonce": idle.nonce})
+        idle.reset_due = time.monotonic() + 0.3
+        result = sandbox.run_code("print('elsewhere')")
+        assert (result.outcome, result.stdout) == (Outcome.SUCCESS, "elsewhere\n"), result
+        assert seen[-1] != seen[0]
+        asyncio.run(settle(sandbox, 60))
+        assert seen[0] not in _pool_containers(sandbox)

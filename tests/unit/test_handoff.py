@@ -1,0 +1,198 @@
+"""Handoff and Slots: items and slots shared by waiters on many event loops (no Docker)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from retool_exec._handoff import Handoff, Slots
+from retool_exec._portal import LoopThread
+
+
+@pytest.fixture
+def other_loop() -> Iterator[LoopThread]:
+    thread = LoopThread(name="test-handoff")
+    yield thread
+    thread.stop()
+
+
+def test_items_come_out_in_the_order_they_went_in() -> None:
+    handoff: Handoff[int] = Handoff()
+    for item in range(5):
+        handoff.put(item)
+
+    async def main() -> list[int]:
+        return [await handoff.get() for _ in range(5)]
+
+    assert asyncio.run(main()) == [0, 1, 2, 3, 4]
+    assert handoff.get_nowait() is None
+
+
+def test_a_waiter_on_another_loop_gets_an_item_put_from_this_one(other_loop: LoopThread) -> None:
+    handoff: Handoff[str] = Handoff()
+    waiting = other_loop.submit(handoff.get(timeout=10))
+
+    while not handoff._waiters:
+        threading.Event().wait(0.001)
+
+    async def main() -> None:
+        handoff.put("container")  # from this loop to the waiter's
+
+    asyncio.run(main())
+    assert waiting.result(5) == "container"
+    assert len(handoff) == 0
+
+
+def test_the_oldest_waiter_is_served_first() -> None:
+    handoff: Handoff[int] = Handoff()
+
+    async def main() -> list[int]:
+        order: list[int] = []
+
+        async def wait(name: int) -> None:
+            await handoff.get()
+            order.append(name)
+
+        tasks = []
+        for name in range(3):
+            tasks.append(asyncio.create_task(wait(name)))
+            await asyncio.sleep(0)
+        for item in range(3):
+            handoff.put(item)
+        await asyncio.gather(*tasks)
+        return order
+
+    assert asyncio.run(main()) == [0, 1, 2]
+
+
+def test_a_timed_out_waiter_leaves_the_queue_and_takes_nothing() -> None:
+    handoff: Handoff[int] = Handoff()
+
+    async def main() -> None:
+        with pytest.raises(TimeoutError):
+            await handoff.get(timeout=0.01)
+        assert not handoff._waiters
+        handoff.put(7)
+        assert len(handoff) == 1
+
+    asyncio.run(main())
+
+
+def test_an_item_handed_to_a_waiter_cancelled_before_it_ran_is_passed_on() -> None:
+    """The item reached the waiter's future, then its task was cancelled: not lost."""
+    handoff: Handoff[int] = Handoff()
+
+    async def main() -> None:
+        first = asyncio.create_task(handoff.get())
+        second = asyncio.create_task(handoff.get())
+        await asyncio.sleep(0)
+        handoff.put(1)  # set on first's future; first has not resumed yet
+        first.cancel()
+        assert await asyncio.wait_for(second, 1) == 1
+        with pytest.raises(asyncio.CancelledError):
+            await first
+
+    asyncio.run(main())
+
+
+def test_an_item_on_its_way_to_a_waiter_of_another_loop_that_left_is_passed_on(
+    other_loop: LoopThread,
+) -> None:
+    """The waiter's loop is busy while it is cancelled and an item is put for it: the
+    cancellation runs first there, so the item arrives for a waiter that left."""
+    handoff: Handoff[int] = Handoff()
+    gone = other_loop.submit(handoff.get())
+    while not handoff._waiters:
+        threading.Event().wait(0.001)
+    busy, free = threading.Event(), threading.Event()
+
+    def block() -> None:
+        busy.set()
+        free.wait(5)
+
+    other_loop.loop.call_soon_threadsafe(block)
+    assert busy.wait(5)
+    gone.cancel()  # queued on the busy loop
+    handoff.put(5)  # the waiter has not left yet: the item is queued behind the cancel
+    free.set()
+
+    async def main() -> int:
+        return await handoff.get(timeout=5)
+
+    assert asyncio.run(main()) == 5
+
+
+def test_a_waiter_whose_loop_is_closed_is_skipped() -> None:
+    handoff: Handoff[int] = Handoff()
+    dead = asyncio.new_event_loop()
+    orphan: asyncio.Future[int] = dead.create_future()
+    handoff._waiters.append(orphan)
+    dead.close()
+    handoff.put(3)
+    assert handoff.get_nowait() == 3
+
+
+def test_slots_bound_the_calls_of_every_loop_together(other_loop: LoopThread) -> None:
+    slots = Slots(2)
+    inside = 0
+    most = 0
+    lock = threading.Lock()
+
+    async def one() -> None:
+        nonlocal inside, most
+        async with slots:
+            with lock:
+                inside += 1
+                most = max(most, inside)
+            await asyncio.sleep(0.005)
+            with lock:
+                inside -= 1
+
+    async def many() -> None:
+        await asyncio.gather(*(one() for _ in range(20)))
+
+    there = other_loop.submit(many())
+    asyncio.run(many())
+    there.result(10)
+    assert most == 2
+    assert slots.free == 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(["put", "get", "cancel", "timeout"]), min_size=1, max_size=40))
+def test_no_item_is_lost_or_duplicated(steps: list[str]) -> None:
+    """Whatever mix of puts, gets, cancels and timeouts: every item put is got once or kept."""
+    handoff: Handoff[int] = Handoff()
+
+    async def main() -> None:
+        got: list[int] = []
+        waiters: list[asyncio.Task[int]] = []
+        put = 0
+        for step in steps:
+            if step == "put":
+                handoff.put(put)
+                put += 1
+            elif step == "get":
+                waiters.append(asyncio.create_task(handoff.get()))
+            elif step == "cancel" and waiters:
+                waiters[len(waiters) // 2].cancel()
+            elif step == "timeout":
+                waiters.append(asyncio.create_task(handoff.get(timeout=0)))
+            await asyncio.sleep(0)
+        await asyncio.sleep(0.01)
+        for task in waiters:
+            if task.done() and not task.cancelled() and task.exception() is None:
+                got.append(task.result())
+            else:
+                task.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)
+        while (item := handoff.get_nowait()) is not None:
+            got.append(item)
+        assert sorted(got) == list(range(put))
+
+    asyncio.run(main())
