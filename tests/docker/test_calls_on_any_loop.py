@@ -189,3 +189,31 @@ def test_a_container_whose_reset_is_not_confirmed_is_not_handed_out(confirmation
         assert seen[-1] != seen[0]
         asyncio.run(settle(sandbox, 60))
         assert seen[0] not in _pool_containers(sandbox)
+
+
+def test_a_container_still_resetting_does_not_hold_up_the_call_that_drew_it() -> None:
+    """A call can leave a reset that takes long (or never ends); the next call that draws
+    that container lets a confirmed one go first instead of waiting out the limit."""
+    require_docker()
+    from retool_exec.backends.docker.backend import RESET_CONFIRMATION_LIMIT
+
+    config = DockerConfig(policy="reuse", pool_size=2, timeout=10, labels=LABELS)
+    with Sandbox(config, max_workers=2) as sandbox:
+        sandbox.start()
+        seen = _record_containers(sandbox)
+        assert all(r.ok for r in sandbox.run_many(["print(1)", "print(2)"]))
+        backend = sandbox.backend
+        assert isinstance(backend, DockerBackend) and backend.pool is not None
+        slow, other = backend.pool._ready._items
+        deadline = time.monotonic() + 10
+        while not (slow.channel.poll() and other.channel.poll()):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        slow.channel._pending.clear()  # its confirmation never comes: the reset still runs
+        slow.reset_due = time.monotonic() + RESET_CONFIRMATION_LIMIT
+        started = time.monotonic()
+        result = sandbox.run_code("print('not held up')")
+        took = time.monotonic() - started
+    assert result.stdout == "not held up\n", result
+    assert seen[-1] == other.id
+    assert took < 2.0, f"the call waited {took:.1f} s on a container still resetting"

@@ -50,6 +50,9 @@ RETRIES_BEFORE_START = 1
 """Times a call whose container failed before its code began is run on another one."""
 RESET_CONFIRMATION_LIMIT = 10.0
 """Seconds a reuse container has to confirm its reset after a call; past them it is retired."""
+RESET_PATIENCE = 0.02
+"""Seconds the call that drew a still-resetting container waits for it before it lets the
+other ready containers go first (a reset takes ~1 ms; a call's leftovers can make it longer)."""
 
 
 class CallProgress:
@@ -320,7 +323,10 @@ class DockerBackend(Backend):
         """A ready container whose reset after its last call is confirmed.
 
         The confirmation is read here, by the call that takes the container,
-        so it costs no wake-up of its own; one that is late past
+        so it costs no wake-up of its own. One still resetting after
+        ``RESET_PATIENCE`` goes back to the ready set, behind the others: a
+        call that left a slow reset costs the next call that drew its
+        container no more than that. One that is late past
         ``RESET_CONFIRMATION_LIMIT``, unclean, or from a container that died
         while idle retires that container, and the next one is taken.
         """
@@ -332,6 +338,9 @@ class DockerBackend(Backend):
             except BaseException:
                 pool.retire(container)
                 raise
+            if clean is None:
+                pool.requeue(container)
+                continue
             if clean and container.channel.poll():  # anything more while idle: it died
                 log.warning(
                     "retiring container %s: %s",
@@ -345,16 +354,23 @@ class DockerBackend(Backend):
                 return container
             pool.retire(container)
 
-    async def _confirm_reset(self, container: SandboxContainer) -> bool:
-        """Whether the agent confirmed, in time, that the last call's reset left it clean."""
-        due, container.reset_due = container.reset_due, None
+    async def _confirm_reset(self, container: SandboxContainer) -> bool | None:
+        """Whether the agent confirmed, in time, that the last call's reset left it clean;
+        None while the reset may still be running after ``RESET_PATIENCE``."""
+        due = container.reset_due
         if due is None:
             return True
+        left = due - time.monotonic()
+        reply: dict[str, Any]
         try:
-            reply = await container.channel.receive(timeout=max(0.0, due - time.monotonic()))
-        except (TimeoutError, ProtocolError) as exc:
-            log.warning("retiring container %s: no reset confirmation (%s)", container.id[:12], exc)
-            return False
+            reply = await container.channel.receive(timeout=max(0.0, min(left, RESET_PATIENCE)))
+        except TimeoutError:
+            if left > RESET_PATIENCE:
+                return None
+            reply = {"reason": f"no reset confirmation within {RESET_CONFIRMATION_LIMIT:g} s"}
+        except ProtocolError as exc:
+            reply = {"reason": f"no reset confirmation ({exc})"}
+        container.reset_due = None
         clean = (
             reply.get("type") == "reset"
             and reply.get("clean") is True

@@ -109,6 +109,13 @@ class WarmPool:
         else:
             self.retire(container)
 
+    def requeue(self, container: SandboxContainer) -> None:
+        """Put back a container taken but not used (its reset is still running)."""
+        if self._closed:
+            self.retire(container)
+        else:
+            self._ready.put(container)
+
     def detach(self, container: SandboxContainer) -> None:
         """Hand a container over for good (to a session family) and start its replacement."""
         self._on_home(self._detach_here)
