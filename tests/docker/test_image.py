@@ -8,6 +8,7 @@ containers, every one labelled ``org.retool_exec.test=1`` and removed after.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -43,7 +44,7 @@ def test_tag_is_content_addressed_and_stable() -> None:
 
 def test_tag_changes_when_any_input_changes(monkeypatch: pytest.MonkeyPatch) -> None:
     real = image_inputs.build_inputs()
-    assert set(real) == {"packages.txt", "build-rootfs.sh", "agent.pyz"}
+    assert set(real) == {"packages.txt", "build-rootfs.sh", "agent.pyz", "agent-compile.py"}
     base = image_inputs.image_tag()
     seen = {base}
     for name in real:
@@ -243,16 +244,35 @@ def test_math_stack_imports_as_nobody(
 def test_agent_is_the_packaged_one_read_only_to_nobody(
     client: docker.DockerClient, built: tuple[ImageInfo, float]
 ) -> None:
+    """The image's agent holds the packaged sources byte for byte, and the bytecode
+    of each, made by the image's own interpreter, which the agent then runs from."""
     code = (
-        "import hashlib, os, stat\n"
+        "import hashlib, importlib.util, json, os, stat, sys, zipfile\n"
         "p = '/opt/retool_exec/agent.pyz'\n"
         "st = os.stat(p)\n"
-        "print(hashlib.sha256(open(p, 'rb').read()).hexdigest(), oct(stat.S_IMODE(st.st_mode)),"
-        " st.st_uid, st.st_gid, os.access(p, os.W_OK), os.path.isdir('/tmp'))\n"
+        "archive = zipfile.ZipFile(p)\n"
+        "sources = {n: hashlib.sha256(archive.read(n)).hexdigest()"
+        " for n in archive.namelist() if n.endswith('.py')}\n"
+        "magic = {n: archive.read(n)[:4] == importlib.util.MAGIC_NUMBER"
+        " for n in archive.namelist() if n.endswith('.pyc')}\n"
+        "sys.path.insert(0, p)\n"
+        "import agent.supervisor\n"
+        "print(json.dumps([sources, magic, agent.supervisor.__file__,"
+        " oct(stat.S_IMODE(st.st_mode)), st.st_uid, st.st_gid, os.access(p, os.W_OK),"
+        " os.path.isdir('/tmp')]))\n"
     )
     out = _run(client, built[0].tag, ["/usr/bin/python3", "-I", "-B", "-c", code])
-    expected = hashlib.sha256(image_inputs.agent_zipapp()).hexdigest()
-    assert out.split() == [expected, "0o644", "0", "0", "False", "True"]
+    sources, magic, loaded_from, *rest = json.loads(out)
+    import io
+    import zipfile
+
+    packaged = zipfile.ZipFile(io.BytesIO(image_inputs.agent_zipapp()))
+    assert sources == {
+        name: hashlib.sha256(packaged.read(name)).hexdigest() for name in packaged.namelist()
+    }
+    assert magic == {f"{name}c": True for name in sources}
+    assert loaded_from == "/opt/retool_exec/agent.pyz/agent/supervisor.pyc"
+    assert rest == ["0o644", 0, 0, False, True]
 
 
 @pytest.mark.docker

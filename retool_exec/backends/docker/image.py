@@ -6,8 +6,8 @@ copy of one) is all they have. So the image is not pulled ``FROM`` anything:
 ``image_files/build-rootfs.sh`` runs ``mmdebstrap --variant=essential`` to
 build a root filesystem from Debian's packages (python3 and the math stack:
 numpy, scipy, sympy, mpmath), installs the agent (the stdlib-only package
-``backends/docker/agent/``, packed as one zipapp) as
-``/opt/retool_exec/agent.pyz``, strips every setuid/setgid bit, and writes a
+``backends/docker/agent/``, packed as one zipapp, byte-compiled in the image:
+``agent_layer``) as ``/opt/retool_exec/agent.pyz``, strips every setuid/setgid bit, and writes a
 tarball, which ``docker import`` (the API's ``/images/create?fromSrc=-``)
 turns into an image with the sandbox's user, working directory, environment
 and entry point. Takes about a minute; the image is about 270 MB.
@@ -26,7 +26,6 @@ import contextlib
 import dataclasses
 import datetime as dt
 import fcntl
-import hashlib
 import json
 import os
 import re
@@ -45,9 +44,9 @@ import docker.errors
 import docker.models.images
 import requests.exceptions
 
+from retool_exec.backends.docker.agent_layer import add_agent
 from retool_exec.backends.docker.image_inputs import (
-    AGENT_LABEL,
-    AGENT_PATH_IN_IMAGE,
+    AGENT_LAYER_INPUTS,
     ENTRYPOINT,
     IMAGE_LABEL,
     IMAGE_REPOSITORY,
@@ -221,7 +220,8 @@ def build_image(
             say(f"building the {spec.describe()} image")
             _build_base(client, base, inputs, spec, install_tools=install_tools, say=say)
         say(f"adding the agent to {base} as {tag}...")
-        _add_agent(client, base, tag, inputs["agent.pyz"], spec)
+        add_agent(client, base, tag, inputs["agent.pyz"], spec)
+        _check_config(client, tag, spec)
         info = _find(client, tag)
         if info is None:
             raise ImageBuildError(f"image {tag} is missing right after it was made")
@@ -238,7 +238,7 @@ def _base_tag(inputs: Mapping[str, bytes], spec: ImageSpec) -> str:
     The agent changes far more often than the packages; a new agent is one
     small layer on the same base (seconds), not a new mmdebstrap run (minutes).
     """
-    rest = {name: data for name, data in inputs.items() if name != "agent.pyz"}
+    rest = {name: data for name, data in inputs.items() if name not in AGENT_LAYER_INPUTS}
     return f"{IMAGE_REPOSITORY}-base:{content_hash(rest, spec)[:16]}"
 
 
@@ -282,42 +282,6 @@ def _pip_installed(tarball: Path, spec: ImageSpec) -> list[str]:
     except OSError as exc:
         raise ImageBuildError(f"the build did not record what pip installed: {exc}") from exc
     return sorted(line.strip() for line in lines if "==" in line)
-
-
-def _add_agent(
-    client: docker.DockerClient, base: str, tag: str, zipapp: bytes, spec: ImageSpec
-) -> None:
-    """``base`` plus this agent, committed as ``tag`` (no builder, no registry)."""
-    import io
-    import tarfile
-
-    archive = io.BytesIO()
-    with tarfile.open(fileobj=archive, mode="w") as tar:
-        member = tarfile.TarInfo(Path(AGENT_PATH_IN_IMAGE).name)
-        member.size, member.mode, member.mtime = len(zipapp), 0o644, 0
-        tar.addfile(member, io.BytesIO(zipapp))
-    repository, _, tag_part = tag.partition(":")
-    digest = hashlib.sha256(zipapp).hexdigest()[:16]
-    changes = [
-        *config_changes(spec),
-        f"LABEL {TAG_LABEL}={tag_part}",
-        f"LABEL {AGENT_LABEL}={digest}",
-    ]
-    container_id = None
-    try:
-        container_id = client.api.create_container(base, command=["/bin/true"])["Id"]
-        if not client.api.put_archive(
-            container_id, str(Path(AGENT_PATH_IN_IMAGE).parent), archive.getvalue()
-        ):
-            raise ImageBuildError(f"could not copy the agent into {base}")
-        client.api.commit(container_id, repository=repository, tag=tag_part, changes=changes)
-    except _docker_errors() as exc:
-        raise ImageBuildError(f"could not add the agent to {base}: {exc}") from exc
-    finally:
-        if container_id is not None:
-            with contextlib.suppress(*_docker_errors()):
-                client.api.remove_container(container_id, force=True)
-    _check_config(client, tag, spec)
 
 
 def _quiet(_line: str) -> None:

@@ -23,7 +23,9 @@ from retool_exec.backends.docker.image_spec import ImageSpec
 
 __all__ = [
     "AGENT_LABEL",
+    "AGENT_LAYER_INPUTS",
     "AGENT_PATH_IN_IMAGE",
+    "COMPILE_AGENT",
     "ENTRYPOINT",
     "FORMAT_VERSION",
     "IMAGE_LABEL",
@@ -106,6 +108,28 @@ def agent_zipapp() -> bytes:
     return buffer.getvalue()
 
 
+COMPILE_AGENT = """\
+import importlib._bootstrap_external as external, importlib.util, sys, zipfile
+path = sys.argv[1]
+with zipfile.ZipFile(path) as archive:
+    members = [(info, archive.read(info)) for info in archive.infolist()]
+names = {info.filename for info, _ in members}
+with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+    for info, data in members:
+        archive.writestr(info, data)
+        if info.filename.endswith(".py") and info.filename + "c" not in names:
+            code = compile(data, path + "/" + info.filename, "exec", dont_inherit=True)
+            pyc = external._code_to_hash_pyc(code, importlib.util.source_hash(data), False)
+            compiled = zipfile.ZipInfo(info.filename + "c", date_time=info.date_time)
+            compiled.external_attr = info.external_attr
+            archive.writestr(compiled, bytes(pyc), zipfile.ZIP_DEFLATED)
+"""
+"""Run by the image's python3 on the zipapp: adds ``name.pyc`` beside every ``name.py``."""
+
+AGENT_LAYER_INPUTS = ("agent.pyz", "agent-compile.py")
+"""The inputs of the agent's own layer; the base image is hashed over all the others."""
+
+
 def agent_digest() -> str:
     """First 16 hex of the agent zipapp's sha256: which agent an image holds."""
     return hashlib.sha256(agent_zipapp()).hexdigest()[:16]
@@ -132,6 +156,7 @@ def build_inputs(spec: ImageSpec | None = None) -> dict[str, bytes]:
         contents["agent.pyz"] = agent_zipapp()
     except OSError as exc:
         raise ImageBuildError(f"cannot pack the agent: {exc}") from exc
+    contents["agent-compile.py"] = COMPILE_AGENT.encode()
     return contents
 
 
