@@ -510,6 +510,8 @@ class Sandbox:
                     self._slots = Slots(self.concurrency)
                 slots = self._slots
         async with slots:
+            if self._closed:  # while it waited for a slot (on a loop of its caller's)
+                raise SandboxClosedError("this sandbox was closed while the call waited")
             slot_wait = time.perf_counter() - submitted
             await self._ensure_started()
             result = await self.backend.run(request)

@@ -217,3 +217,48 @@ def test_a_container_still_resetting_does_not_hold_up_the_call_that_drew_it() ->
     assert result.stdout == "not held up\n", result
     assert seen[-1] == other.id
     assert took < 2.0, f"the call waited {took:.1f} s on a container still resetting"
+
+
+def test_a_call_waiting_for_a_slot_when_the_sandbox_closes_ends_and_starts_nothing() -> None:
+    """Closed while a caller's loop waits for a slot: that call ends (SandboxClosedError),
+    and no pool is started again on the caller's loop."""
+    require_docker()
+    config = DockerConfig(policy="reuse", pool_size=1, timeout=20, labels=LABELS)
+    sandbox = Sandbox(config, max_workers=1)
+    sandbox.start()
+    backend = sandbox.backend
+    assert isinstance(backend, DockerBackend) and backend._factory is not None
+    label = f"org.retool_exec.pool={backend._factory.pool_id}"
+    outcomes: dict[str, Any] = {}
+
+    def caller(name: str, code: str) -> None:
+        async def call() -> Any:
+            return await sandbox.arun_code(code)
+
+        try:
+            outcomes[name] = asyncio.run(call())
+        except Exception as exc:
+            outcomes[name] = exc
+
+    holding = threading.Thread(target=caller, args=("holding", "import time; time.sleep(3)"))
+    holding.start()
+    deadline = time.monotonic() + 10
+    while sandbox._slots is None or sandbox._slots.free:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    waiting = threading.Thread(target=caller, args=("waiting", "print('late')"))
+    waiting.start()
+    time.sleep(0.3)
+    sandbox.close()
+    holding.join(30)
+    waiting.join(30)
+    from retool_exec import SandboxClosedError
+
+    assert isinstance(outcomes["waiting"], SandboxClosedError), outcomes
+    assert getattr(outcomes["holding"], "outcome", None) is not Outcome.SUCCESS
+    client = docker.from_env()
+    try:
+        assert client.api.containers(all=True, filters={"label": label}) == []
+        assert backend._pool is None
+    finally:
+        client.close()

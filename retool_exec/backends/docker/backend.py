@@ -74,6 +74,7 @@ class DockerBackend(Backend):
         self.image: str | None = None
         self.startup_seconds: float | None = None
         self._session_containers: set[SandboxContainer] = set()
+        self._closed = False
 
     @property
     def capacity(self) -> int:
@@ -88,6 +89,7 @@ class DockerBackend(Backend):
     async def start(self) -> None:
         if self._pool is not None:
             return
+        self._closed = False
         started = time.perf_counter()
         client = await asyncio.to_thread(connect, self.config.docker_host)
         try:
@@ -175,10 +177,10 @@ class DockerBackend(Backend):
 
     async def run(self, request: RunRequest) -> ExecResult:
         started = time.perf_counter()
-        if self._pool is None:
+        if self._pool is None and not self._closed:
             await self.start()
         pool = self._pool
-        if pool is None:  # closed meanwhile (by another thread)
+        if pool is None:  # closed: a call still queued must not start a pool of its own
             return self._failure(started, "the Docker backend was closed")
         for attempt in range(1 + RETRIES_BEFORE_START):
             try:
@@ -473,6 +475,7 @@ class DockerBackend(Backend):
         )
 
     async def close(self) -> None:
+        self._closed = True
         for container in list(self._session_containers):
             await self.destroy_session_container(container)
         pool, self._pool = self._pool, None

@@ -55,6 +55,7 @@ class WarmPool:
         self._failures = 0
         self._last_error: BaseException | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._members: set[SandboxContainer] = set()  # started and not yet retired or detached
         self._closed = False
         self.started_containers = 0
 
@@ -118,17 +119,21 @@ class WarmPool:
 
     def detach(self, container: SandboxContainer) -> None:
         """Hand a container over for good (to a session family) and start its replacement."""
-        self._on_home(self._detach_here)
+        self._on_home(self._detach_here, container)
 
     def retire(self, container: SandboxContainer) -> None:
         """Destroy a container in the background and start its replacement (from any loop)."""
+        if self._closed:  # the closing pool removes the container; its stream goes now
+            container.channel.close()
         self._on_home(self._retire_here, container)
 
-    def _detach_here(self) -> None:
+    def _detach_here(self, container: SandboxContainer) -> None:
+        self._members.discard(container)
         self._alive -= 1
         self._refill()
 
     def _retire_here(self, container: SandboxContainer) -> None:
+        self._members.discard(container)
         self._alive -= 1
         self._spawn(self.factory.destroy(container))
         self._refill()
@@ -175,6 +180,7 @@ class WarmPool:
         if self._closed:
             await self.factory.destroy(container)
             return
+        self._members.add(container)
         self._ready.put(container)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -192,3 +198,6 @@ class WarmPool:
         while pending := [t for t in self._tasks if not t.done()]:
             await asyncio.gather(*pending, return_exceptions=True)
         await self.factory.remove_pool_containers()
+        for container in self._members:  # busy ones, their calls on other loops
+            container.channel.close()
+        self._members.clear()
