@@ -27,7 +27,9 @@ class Handoff(Generic[T]):
     """A FIFO of items and a FIFO of waiters, under one lock, usable from any thread."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        # Re-entrant: a coroutine collected as garbage while a put holds the lock (the
+        # collector runs at any allocation) gives back its slot from the same thread.
+        self._lock = threading.RLock()
         self._items: deque[T] = deque()
         self._waiters: deque[asyncio.Future[T]] = deque()
 

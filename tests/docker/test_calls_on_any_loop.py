@@ -195,7 +195,7 @@ def test_a_container_still_resetting_does_not_hold_up_the_call_that_drew_it() ->
     """A call can leave a reset that takes long (or never ends); the next call that draws
     that container lets a confirmed one go first instead of waiting out the limit."""
     require_docker()
-    from retool_exec.backends.docker.backend import RESET_CONFIRMATION_LIMIT
+    from retool_exec.backends.docker.pool import RESET_CONFIRMATION_LIMIT
 
     config = DockerConfig(policy="reuse", pool_size=2, timeout=10, labels=LABELS)
     with Sandbox(config, max_workers=2) as sandbox:

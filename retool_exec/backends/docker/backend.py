@@ -48,11 +48,6 @@ START_GRACE = 5.0
 as broken (paused, wedged) and, since the code provably never ran, the call moves on."""
 RETRIES_BEFORE_START = 1
 """Times a call whose container failed before its code began is run on another one."""
-RESET_CONFIRMATION_LIMIT = 10.0
-"""Seconds a reuse container has to confirm its reset after a call; past them it is retired."""
-RESET_PATIENCE = 0.02
-"""Seconds the call that drew a still-resetting container waits for it before it lets the
-other ready containers go first (a reset takes ~1 ms; a call's leftovers can make it longer)."""
 
 
 class CallProgress:
@@ -184,7 +179,7 @@ class DockerBackend(Backend):
             return self._failure(started, "the Docker backend was closed")
         for attempt in range(1 + RETRIES_BEFORE_START):
             try:
-                container = await self._acquire_clean(pool)
+                container = await pool.acquire(self.config.start_timeout)
             except PoolUnavailableError as exc:
                 return self._failure(started, f"no sandbox container available: {exc}")
             waited = time.perf_counter() - started
@@ -225,7 +220,6 @@ class DockerBackend(Backend):
                 pool.retire(container)
                 raise
             if self.config.policy == "reuse":
-                container.reset_due = time.monotonic() + RESET_CONFIRMATION_LIMIT
                 pool.release(container)
             else:
                 pool.retire(container)
@@ -246,7 +240,7 @@ class DockerBackend(Backend):
         pool = self._pool
         assert pool is not None
         try:
-            container = await self._acquire_clean(pool)
+            container = await pool.acquire(self.config.start_timeout)
         except PoolUnavailableError as exc:
             raise SessionLostError(f"no sandbox container for the session: {exc}") from exc
         pool.detach(container)
@@ -320,67 +314,6 @@ class DockerBackend(Backend):
             if reply.get("type") == "error":  # the agent failed and is exiting
                 raise ProtocolError(f"the agent failed: {str(reply.get('reason'))[:300]}")
             raise ProtocolError(f"unauthenticated frame from the agent: {reply.get('type')!r}")
-
-    async def _acquire_clean(self, pool: WarmPool) -> SandboxContainer:
-        """A ready container whose reset after its last call is confirmed.
-
-        The confirmation is read here, by the call that takes the container,
-        so it costs no wake-up of its own. One still resetting after
-        ``RESET_PATIENCE`` goes back to the ready set, behind the others: a
-        call that left a slow reset costs the next call that drew its
-        container no more than that. One that is late past
-        ``RESET_CONFIRMATION_LIMIT``, unclean, or from a container that died
-        while idle retires that container, and the next one is taken.
-        """
-        deadline = time.monotonic() + self.config.start_timeout
-        while True:
-            container = await pool.acquire(max(0.0, deadline - time.monotonic()))
-            try:
-                clean = await self._confirm_reset(container)
-            except BaseException:
-                pool.retire(container)
-                raise
-            if clean is None:
-                pool.requeue(container)
-                continue
-            if clean and container.channel.poll():  # anything more while idle: it died
-                log.warning(
-                    "retiring container %s: %s",
-                    container.id[:12],
-                    "its stream ended while idle"
-                    if container.channel.at_eof()
-                    else "it sent a frame while idle",
-                )
-                clean = False
-            if clean:
-                return container
-            pool.retire(container)
-
-    async def _confirm_reset(self, container: SandboxContainer) -> bool | None:
-        """Whether the agent confirmed, in time, that the last call's reset left it clean;
-        None while the reset may still be running after ``RESET_PATIENCE``."""
-        due = container.reset_due
-        if due is None:
-            return True
-        left = due - time.monotonic()
-        reply: dict[str, Any]
-        try:
-            reply = await container.channel.receive(timeout=max(0.0, min(left, RESET_PATIENCE)))
-        except TimeoutError:
-            if left > RESET_PATIENCE:
-                return None
-            reply = {"reason": f"no reset confirmation within {RESET_CONFIRMATION_LIMIT:g} s"}
-        except ProtocolError as exc:
-            reply = {"reason": f"no reset confirmation ({exc})"}
-        container.reset_due = None
-        clean = (
-            reply.get("type") == "reset"
-            and reply.get("clean") is True
-            and hmac.compare_digest(str(reply.get("nonce")), container.nonce)
-        )
-        if not clean:
-            log.warning("retiring container %s: %s", container.id[:12], reply.get("reason"))
-        return clean
 
     def _result(self, reply: dict[str, Any], started: float, waited: float) -> ExecResult:
         if reply.get("setup_error"):
@@ -495,7 +428,7 @@ class DockerBackend(Backend):
             return None
         return PoolStats(
             size=pool.size,
-            ready=pool.count_ready(_reset_settled),
+            ready=pool.settled_count(),
             pending=sum(not task.done() for task in pool._tasks),
             started=pool.started_containers,
             pool_id=pool.factory.pool_id,
@@ -512,11 +445,6 @@ def streams(frame: dict[str, Any], limit: int) -> tuple[str, int, str, int]:
         str(frame.get("stderr", "")), int(frame.get("stderr_dropped", 0)), limit
     )
     return stdout, stdout_dropped, stderr, stderr_dropped
-
-
-def _reset_settled(container: SandboxContainer) -> bool:
-    """Whether an idle container's last reset has been answered (read without waiting)."""
-    return container.reset_due is None or container.channel.poll()
 
 
 def _remove_orphans(client: docker.DockerClient) -> None:

@@ -5,8 +5,10 @@ Two policies, both complete:
 - ``fresh``: a container serves exactly one call, then is destroyed; it never
   returns to the ready set.
 - ``reuse``: a container serves up to K calls; after each, the agent resets
-  and verifies it (no process left, scratch dirs and IPC emptied); any doubt
-  retires it.
+  and verifies it (no process left, scratch dirs and IPC emptied) and says so
+  on the container's stream; any doubt retires it. The pool reads that verdict
+  when the next call takes the container, before the call sends it anything
+  (``acquire``): no loop is woken for it while the container is idle.
 
 The pool never holds a lock while starting or removing a container: those
 run as background tasks on the loop that started the pool (its home), and
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -27,12 +30,19 @@ from typing import Any
 
 from retool_exec._handoff import Handoff
 from retool_exec.backends.docker.containers import ContainerFactory, SandboxContainer
+from retool_exec.backends.docker.protocol import ProtocolError
 
 __all__ = ["PoolUnavailableError", "WarmPool"]
 
 log = logging.getLogger(__name__)
 
 _RESTART_BACKOFF = (0.5, 1.0, 2.0, 5.0)
+
+RESET_CONFIRMATION_LIMIT = 10.0
+"""Seconds a reuse container has to confirm its reset after a call; past them it is retired."""
+RESET_PATIENCE = 0.02
+"""Seconds a call that drew a still-resetting container waits for it before it lets the
+other ready containers go first (a reset takes ~1 ms; a call's leftovers can make it longer)."""
 
 
 class PoolUnavailableError(Exception):
@@ -64,9 +74,10 @@ class WarmPool:
         """Containers in the ready set (a reused one possibly still confirming its reset)."""
         return len(self._ready)
 
-    def count_ready(self, condition: Callable[[SandboxContainer], bool]) -> int:
-        """Ready containers ``condition`` holds for, checked while no call can take them."""
-        return self._ready.count_where(condition)
+    def settled_count(self) -> int:
+        """Ready containers whose last reset has been answered (read without waiting, while
+        no call can take them): what "the pool is whole again" means for a benchmark."""
+        return self._ready.count_where(_reset_answered)
 
     async def start(self, timeout: float) -> None:
         """Fill the pool and wait until every container is ready (or one failed to start)."""
@@ -82,7 +93,43 @@ class WarmPool:
             await asyncio.sleep(0.02)
 
     async def acquire(self, timeout: float) -> SandboxContainer:
-        """A ready container, waiting (up to ``timeout``) when the pool is drained."""
+        """A ready container whose reset after its last call is confirmed, waiting (up to
+        ``timeout``) when the pool is drained.
+
+        The confirmation is read here, by the call that takes the container, so
+        it costs no wake-up of its own. One still resetting after
+        ``RESET_PATIENCE`` goes back to the ready set, behind the others: a call
+        that left a slow reset costs the next call that drew its container no
+        more than that. One that is late past ``RESET_CONFIRMATION_LIMIT``,
+        unclean, or from a container that died or spoke while idle is retired,
+        and the next one is taken.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            container = await self._take(max(0.0, deadline - time.monotonic()), timeout)
+            try:
+                clean = await _confirm_reset(container)
+            except BaseException:
+                self.retire(container)
+                raise
+            if clean is None:
+                self._ready.put(container)  # still resetting: the others first
+                continue
+            if clean and container.channel.poll():
+                log.warning(
+                    "retiring container %s: %s",
+                    container.id[:12],
+                    "its stream ended while idle"
+                    if container.channel.at_eof()
+                    else "it sent a frame while idle",
+                )
+                clean = False
+            if clean:
+                return container
+            self.retire(container)
+
+    async def _take(self, left: float, timeout: float) -> SandboxContainer:
+        """The next container of the ready set, as it is."""
         if self._closed:
             raise PoolUnavailableError("the pool is closed")
         if self._alive < self.size:
@@ -91,7 +138,7 @@ class WarmPool:
         if container is not None:
             return container
         try:
-            return await self._ready.get(timeout)
+            return await self._ready.get(left)
         except TimeoutError as exc:
             raise PoolUnavailableError(
                 f"no sandbox container became ready within {timeout:.0f}s"
@@ -102,20 +149,14 @@ class WarmPool:
         """Return a container after a call (from any loop); only a reusable one goes back.
 
         A reused container goes back before its reset is confirmed: whoever
-        takes it next reads the confirmation first (``container.reset_due``).
+        takes it next reads the confirmation first (``acquire``).
         """
         container.calls += 1
         if self.reuse and not self._closed and container.calls < self.max_calls:
+            container.reset_due = time.monotonic() + RESET_CONFIRMATION_LIMIT
             self._ready.put(container)
         else:
             self.retire(container)
-
-    def requeue(self, container: SandboxContainer) -> None:
-        """Put back a container taken but not used (its reset is still running)."""
-        if self._closed:
-            self.retire(container)
-        else:
-            self._ready.put(container)
 
     def detach(self, container: SandboxContainer) -> None:
         """Hand a container over for good (to a session family) and start its replacement."""
@@ -201,3 +242,34 @@ class WarmPool:
         for container in self._members:  # busy ones, their calls on other loops
             container.channel.close()
         self._members.clear()
+
+
+async def _confirm_reset(container: SandboxContainer) -> bool | None:
+    """Whether the agent confirmed, in time, that the last call's reset left it clean;
+    None while the reset may still be running after ``RESET_PATIENCE``."""
+    due = container.reset_due
+    if due is None:
+        return True
+    left = due - time.monotonic()
+    reply: dict[str, Any]
+    try:
+        reply = await container.channel.receive(timeout=max(0.0, min(left, RESET_PATIENCE)))
+    except TimeoutError:
+        if left > RESET_PATIENCE:
+            return None
+        reply = {"reason": f"no reset confirmation within {RESET_CONFIRMATION_LIMIT:g} s"}
+    except ProtocolError as exc:
+        reply = {"reason": f"no reset confirmation ({exc})"}
+    container.reset_due = None
+    clean = (
+        reply.get("type") == "reset"
+        and reply.get("clean") is True
+        and hmac.compare_digest(str(reply.get("nonce")), container.nonce)
+    )
+    if not clean:
+        log.warning("retiring container %s: %s", container.id[:12], reply.get("reason"))
+    return clean
+
+
+def _reset_answered(container: SandboxContainer) -> bool:
+    return container.reset_due is None or container.channel.poll()
