@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import array
 import os
-import secrets
 import select
 import signal
 import socket
@@ -251,7 +250,7 @@ def run_cell(sid: int, request: dict[str, Any]) -> dict[str, Any]:
     deadline = started + timeout
     oom_before = sv.oom_kills()
     _discard_stale_events(process)
-    token = secrets.token_hex(16)
+    token = os.urandom(16).hex()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     try:

@@ -34,7 +34,6 @@ import ctypes
 import errno
 import json
 import os
-import secrets
 import select
 import signal
 import socket
@@ -445,7 +444,7 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         nonlocal events, cell_token
-        cell_token = secrets.token_hex(16)  # the only end accepted for this cell carries it
+        cell_token = os.urandom(16).hex()  # the only end accepted for this cell carries it
         events = wire.FrameDecoder(max_frame=1 << 20)  # a half frame left by a cell is dropped
         if index > 0:  # ... and so is whatever an earlier cell wrote after its end
             zygote.discard_pending(child.events_r)  # (not before the first: "started")
