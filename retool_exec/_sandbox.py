@@ -317,7 +317,13 @@ class Sandbox:
 
     def _runs_here(self) -> bool:
         """Whether a call may run on the caller's own event loop (the backend is started and
-        allows it); else it is handed to the sandbox's loop."""
+        allows it); else it is handed to the sandbox's loop.
+
+        Run there, the call's stream is read by that loop: a caller whose loop is blocked
+        (a long synchronous step) keeps its container until it reads the result. The
+        backend still enforces the call's time limit, and the caller could not have
+        used the result sooner.
+        """
         return (
             self._started
             and not self._closed
