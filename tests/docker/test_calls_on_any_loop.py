@@ -20,9 +20,9 @@ import pytest
 
 from retool_exec import DockerConfig, Outcome, Sandbox
 from retool_exec.backends.docker.backend import DockerBackend
-from retool_exec.backends.docker.containers import SandboxContainer
 from retool_exec.bench.pools import settle
 from tests.conftest import LABELS, require_docker
+from tests.docker.pool_probes import pool_containers, record_containers
 
 pytestmark = pytest.mark.docker
 
@@ -34,31 +34,6 @@ def pool_of_two() -> Iterator[Sandbox]:
     with Sandbox(config, max_workers=2) as sandbox:
         sandbox.start()
         yield sandbox
-
-
-def _pool_containers(sandbox: Sandbox) -> list[str]:
-    backend = sandbox.backend
-    assert isinstance(backend, DockerBackend) and backend._factory is not None
-    client = docker.from_env()
-    try:
-        label = f"org.retool_exec.pool={backend._factory.pool_id}"
-        return [c["Id"] for c in client.api.containers(filters={"label": label})]
-    finally:
-        client.close()
-
-
-def _record_containers(sandbox: Sandbox) -> list[str]:
-    backend = sandbox.backend
-    assert isinstance(backend, DockerBackend)
-    seen: list[str] = []
-    original = backend._call
-
-    async def recording(container: SandboxContainer, request: Any, *rest: Any) -> dict[str, Any]:
-        seen.append(container.id)
-        return await original(container, request, *rest)
-
-    backend._call = recording  # type: ignore[method-assign]
-    return seen
 
 
 def test_a_call_needs_no_hop_to_the_sandboxs_own_loop(pool_of_two: Sandbox) -> None:
@@ -115,7 +90,7 @@ def test_a_caller_that_gives_up_retires_its_container_and_the_pool_refills(
     pool_of_two: Sandbox,
 ) -> None:
     """A call abandoned on its loop may still run: its container is never handed out again."""
-    seen = _record_containers(pool_of_two)
+    seen = record_containers(pool_of_two)
 
     async def give_up() -> None:
         with pytest.raises(TimeoutError):
@@ -124,8 +99,8 @@ def test_a_caller_that_gives_up_retires_its_container_and_the_pool_refills(
     asyncio.run(give_up())
     [abandoned] = seen
     asyncio.run(settle(pool_of_two, 60))
-    assert abandoned not in _pool_containers(pool_of_two)
-    assert len(_pool_containers(pool_of_two)) == 2
+    assert abandoned not in pool_containers(pool_of_two)
+    assert len(pool_containers(pool_of_two)) == 2
 
     async def later() -> list[Any]:
         return await asyncio.gather(*(pool_of_two.arun_code("print('next')") for _ in range(4)))
@@ -152,7 +127,7 @@ def test_a_loop_that_ends_with_calls_in_flight_leaves_the_pool_whole(pool_of_two
     result = pool_of_two.run_code("print('whole')")
     assert result.stdout == "whole\n", result
     assert time.monotonic() - started < 10
-    assert len(_pool_containers(pool_of_two)) == 2
+    assert len(pool_containers(pool_of_two)) == 2
 
 
 @pytest.mark.parametrize(
@@ -168,7 +143,7 @@ def test_a_container_whose_reset_is_not_confirmed_is_not_handed_out(confirmation
     config = DockerConfig(policy="reuse", pool_size=1, timeout=10, labels=LABELS)
     with Sandbox(config, max_workers=1) as sandbox:
         sandbox.start()
-        seen = _record_containers(sandbox)
+        seen = record_containers(sandbox)
         assert sandbox.run_code("print(1)").ok
         backend = sandbox.backend
         assert isinstance(backend, DockerBackend) and backend.pool is not None
@@ -188,7 +163,7 @@ def test_a_container_whose_reset_is_not_confirmed_is_not_handed_out(confirmation
         assert (result.outcome, result.stdout) == (Outcome.SUCCESS, "elsewhere\n"), result
         assert seen[-1] != seen[0]
         asyncio.run(settle(sandbox, 60))
-        assert seen[0] not in _pool_containers(sandbox)
+        assert seen[0] not in pool_containers(sandbox)
 
 
 def test_a_container_still_resetting_does_not_hold_up_the_call_that_drew_it() -> None:
@@ -200,7 +175,7 @@ def test_a_container_still_resetting_does_not_hold_up_the_call_that_drew_it() ->
     config = DockerConfig(policy="reuse", pool_size=2, timeout=10, labels=LABELS)
     with Sandbox(config, max_workers=2) as sandbox:
         sandbox.start()
-        seen = _record_containers(sandbox)
+        seen = record_containers(sandbox)
         assert all(r.ok for r in sandbox.run_many(["print(1)", "print(2)"]))
         backend = sandbox.backend
         assert isinstance(backend, DockerBackend) and backend.pool is not None

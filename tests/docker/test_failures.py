@@ -18,9 +18,9 @@ from retool_exec import (
     Outcome,
     Sandbox,
 )
-from retool_exec.backends.docker.backend import DockerBackend
 from retool_exec.backends.docker.client import RETRY_ATTEMPTS, is_transient, retry_docker
 from tests.conftest import LABELS, require_docker
+from tests.docker.pool_probes import pool_containers
 
 pytestmark = pytest.mark.docker
 
@@ -37,23 +37,6 @@ def reuse_one() -> Iterator[Sandbox]:
     sandbox.close()
 
 
-def _pool_container_ids(sandbox: Sandbox) -> list[str]:
-    backend = sandbox.backend
-    assert isinstance(backend, DockerBackend)
-    client = docker.from_env()
-    try:
-        factory = backend._factory
-        assert factory is not None
-        return [
-            c["Id"]
-            for c in client.api.containers(
-                filters={"label": f"org.retool_exec.pool={factory.pool_id}"}
-            )
-        ]
-    finally:
-        client.close()
-
-
 def _in_background(sandbox: Sandbox, code: str) -> tuple[threading.Thread, list[object]]:
     box: list[object] = []
     thread = threading.Thread(target=lambda: box.append(sandbox.run_code(code)))
@@ -62,7 +45,7 @@ def _in_background(sandbox: Sandbox, code: str) -> tuple[threading.Thread, list[
 
 
 def test_container_killed_mid_call_is_a_sandbox_error_and_is_replaced(reuse_one: Sandbox) -> None:
-    [container_id] = _pool_container_ids(reuse_one)
+    [container_id] = pool_containers(reuse_one)
     thread, box = _in_background(reuse_one, "import time\ntime.sleep(8)\nprint('done')")
     time.sleep(1.0)
     client = docker.from_env()
@@ -77,12 +60,12 @@ def test_container_killed_mid_call_is_a_sandbox_error_and_is_replaced(reuse_one:
     assert "failed mid-call" in result.detail  # type: ignore[attr-defined]
     assert reuse_one.format_tool_content(result).startswith("Error: the sandbox failed")  # type: ignore[arg-type]
     assert reuse_one.run_code("print('next')").stdout == "next\n"
-    assert container_id not in _pool_container_ids(reuse_one)
+    assert container_id not in pool_containers(reuse_one)
     assert reuse_one.stats.sandbox_errors == 1
 
 
 def test_silent_agent_hits_the_host_deadline(reuse_one: Sandbox) -> None:
-    [container_id] = _pool_container_ids(reuse_one)
+    [container_id] = pool_containers(reuse_one)
     thread, box = _in_background(reuse_one, "import time\ntime.sleep(1)\nprint('done')")
     time.sleep(0.3)
     client = docker.from_env()
@@ -196,7 +179,7 @@ def test_the_codes_own_exit_statuses_and_forged_events_stay_the_codes(reuse_one:
 
 def test_a_container_that_died_while_idle_is_never_handed_out(reuse_one: Sandbox) -> None:
     """Its code never ran, so the call runs on a fresh container instead (issue 12.6)."""
-    [container_id] = _pool_container_ids(reuse_one)
+    [container_id] = pool_containers(reuse_one)
     client = docker.from_env()
     try:
         client.api.kill(container_id)
@@ -205,14 +188,14 @@ def test_a_container_that_died_while_idle_is_never_handed_out(reuse_one: Sandbox
         client.close()
     result = reuse_one.run_code("print('ran')")
     assert (result.outcome, result.stdout) == (Outcome.SUCCESS, "ran\n"), result
-    assert container_id not in _pool_container_ids(reuse_one)
+    assert container_id not in pool_containers(reuse_one)
 
 
 def test_a_container_paused_while_idle_costs_time_not_the_call(reuse_one: Sandbox) -> None:
     """No "started" frame within START_GRACE: the code never ran, so it runs elsewhere."""
     from retool_exec.backends.docker.backend import START_GRACE
 
-    [container_id] = _pool_container_ids(reuse_one)
+    [container_id] = pool_containers(reuse_one)
     client = docker.from_env()
     try:
         client.api.pause(container_id)
@@ -222,7 +205,7 @@ def test_a_container_paused_while_idle_costs_time_not_the_call(reuse_one: Sandbo
     result = reuse_one.run_code("print('ran')")
     assert (result.outcome, result.stdout) == (Outcome.SUCCESS, "ran\n"), result
     assert START_GRACE <= time.monotonic() - started < START_GRACE + 10
-    assert container_id not in _pool_container_ids(reuse_one)
+    assert container_id not in pool_containers(reuse_one)
 
 
 def test_a_daemon_that_never_answers_is_an_error_within_seconds(tmp_path: Any) -> None:

@@ -10,25 +10,10 @@ import pytest
 
 from retool_exec import DockerConfig, Outcome, Sandbox
 from retool_exec.backends.docker.backend import DockerBackend
-from retool_exec.backends.docker.containers import SandboxContainer
 from tests.conftest import LABELS, require_docker
+from tests.docker.pool_probes import record_containers
 
 pytestmark = pytest.mark.docker
-
-
-def _record_containers(sandbox: Sandbox) -> list[str]:
-    """Patch the backend so every call records the id of the container that served it."""
-    backend = sandbox.backend
-    assert isinstance(backend, DockerBackend)
-    seen: list[str] = []
-    original = backend._call
-
-    async def recording(container: SandboxContainer, request: Any, *rest: Any) -> dict[str, Any]:
-        seen.append(container.id)
-        return await original(container, request, *rest)
-
-    backend._call = recording  # type: ignore[method-assign]
-    return seen
 
 
 @pytest.fixture()
@@ -49,14 +34,14 @@ def reuse_one() -> Iterator[Sandbox]:
 
 
 def test_fresh_never_reuses_a_container(fresh: Sandbox) -> None:
-    seen = _record_containers(fresh)
+    seen = record_containers(fresh)
     results = fresh.run_many(["print(1)"] * 6)
     assert all(r.ok for r in results)
     assert len(set(seen)) == len(seen) == 6
 
 
 def test_reuse_serves_k_calls_then_retires_the_container(reuse_one: Sandbox) -> None:
-    seen = _record_containers(reuse_one)
+    seen = record_containers(reuse_one)
     for _ in range(7):
         assert reuse_one.run_code("print(1)").ok
     assert seen[0] == seen[1] == seen[2]
@@ -65,7 +50,7 @@ def test_reuse_serves_k_calls_then_retires_the_container(reuse_one: Sandbox) -> 
 
 
 def test_reuse_reset_leaves_nothing_for_the_next_call(reuse_one: Sandbox) -> None:
-    seen = _record_containers(reuse_one)
+    seen = record_containers(reuse_one)
     dirty = reuse_one.run_code(
         "import os, subprocess, sys, ctypes\n"
         "open('/tmp/left', 'w').write('x')\n"
