@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -175,6 +176,30 @@ def test_the_codes_own_exit_statuses_and_forged_events_stay_the_codes(reuse_one:
     )
     # The status is the kernel's (the zygote's waitpid), never what the code wrote.
     assert (forged.outcome, forged.returncode) == (Outcome.ERROR, 3), forged
+
+
+def test_garbage_where_the_agent_listens_cannot_make_a_failure_the_sandboxs() -> None:
+    """The code writes garbage to every descriptor first thing, then fails: always its failure.
+
+    When the child's "started" mark travelled on the events pipe, garbage behind it
+    lost the mark whenever the supervisor had not read it yet, and the call became a
+    sandbox failure: 6 to 8 of these 72 calls in each of three runs before the fix.
+    Plain calls and notebook calls both.
+    """
+    from retool_exec.security.cases.protocol import BURY_STARTED
+    from tests.contract.test_backend_contract import run_cells
+
+    # A notebook's first cell ends its process (SystemExit in a cell is only that cell's error).
+    first_cell = BURY_STARTED.replace(
+        "raise SystemExit(1)", "import sys; sys.stdout.flush(); os._exit(1)"
+    )
+    require_docker()
+    config = DockerConfig(policy="reuse", pool_size=4, timeout=10, labels=LABELS)
+    with Sandbox(config, max_workers=4) as sandbox:
+        results = sandbox.run_many([BURY_STARTED] * 64)
+        results += [run_cells(sandbox, first_cell, "print('never')") for _ in range(8)]
+    outcomes = Counter((r.outcome, r.returncode, r.stdout, r.detail) for r in results)
+    assert outcomes == {(Outcome.ERROR, 1, "wrong answer\n", ""): 72}, outcomes
 
 
 def test_a_container_that_died_while_idle_is_never_handed_out(reuse_one: Sandbox) -> None:

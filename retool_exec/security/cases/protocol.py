@@ -47,6 +47,20 @@ FRAME_TOOLS = code("""
 """)
 
 
+BURY_STARTED = (
+    "import os\n"
+    "for fd in range(3, 16):\n"
+    "    try:\n"
+    "        os.write(fd, b'\\xff' * 8)\n"
+    "    except OSError:\n"
+    "        pass\n"
+    "print('wrong answer')\n"
+    "raise SystemExit(1)\n"
+)
+"""Written first thing, before the agent may have read that the code started: garbage
+where the agent's own marks travel, then the code's own failure."""
+
+
 def _local_package_writable() -> Expect:
     package = Path(retool_exec.__file__).resolve()
     return Expect.EXPOSED if os.access(package, os.W_OK) else Expect.CONTAINED
@@ -278,6 +292,24 @@ CASES: tuple[Case, ...] = (
         severity=Severity.HIGH,
         reference="in-band signalling: frames must travel on a channel user code does not own",
         local=Expect.CONTAINED,
+    ),
+    Case(
+        id="proto-bury-started-mark",
+        klass=CaseClass.PROTOCOL,
+        title="garbage on every descriptor cannot turn the code's own failure into the sandbox's",
+        code=BURY_STARTED,
+        contained=lambda obs: (
+            (obs.result.outcome, obs.result.returncode) == (Outcome.ERROR, 1)
+            and obs.result.stdout == "wrong answer\n"
+            and obs.result.detail == ""
+        ),
+        severity=Severity.HIGH,
+        reference="reward hacking: a failure reported as the sandbox's is dropped from the loss",
+        raw=True,
+        local=Expect.CONTAINED,
+        note="a race: when the events pipe carried the agent's 'started' mark, the call won it "
+        "in 5 of 40 tries at one caller (more under load); tests/docker/test_failures.py runs "
+        "it 64 times",
     ),
     Case(
         id="proto-forge-next-result",

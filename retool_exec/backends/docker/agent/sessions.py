@@ -109,9 +109,10 @@ def open_session(sid: int, request: dict[str, Any]) -> dict[str, Any]:
         return _refused(sid, f"the session's process is gone: {exc}")
     for fd in (child.out_r, child.err_r):
         os.close(fd)  # a session's output goes to each cell's own pipes
+    ready = _wait_started(child)
+    os.close(child.started_r)
     process = SessionProcess(child.pid, child.events_r, child.request)
-    ready = _wait_for(process, "started")
-    if ready is None:
+    if not ready:
         process.close()
         sv.signal_call(child.pid, signal.SIGKILL)
         return _refused(sid, "the session's process did not start")
@@ -163,6 +164,18 @@ def _send(process: SessionProcess, message: dict[str, Any], fds: list[int]) -> N
         [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))],
     )
     process.request.sendall(frame[wire.FRAME_HEADER.size :])
+
+
+def _wait_started(child: sv.Child) -> bool:
+    """Whether the session's process reached its loop within START_BUDGET (its started gate)."""
+    give_up = time.monotonic() + START_BUDGET
+    while time.monotonic() < give_up:
+        if child.check_started():
+            return True
+        if child.gate_closed:
+            return False
+        select.select([child.started_r], [], [], LIVENESS_TICK)
+    return child.check_started()
 
 
 def _wait_for(process: SessionProcess, kind: str) -> dict[str, Any] | None:

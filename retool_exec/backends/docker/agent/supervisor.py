@@ -141,7 +141,8 @@ class Child:
         request_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        theirs = [events_w, child_sock.fileno(), out_w, err_w]
+        started_r, started_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        theirs = [events_w, child_sock.fileno(), out_w, err_w, started_w]
         try:
             State.control.sendmsg(
                 [b"F"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", theirs))]
@@ -152,14 +153,38 @@ class Child:
             child_sock.close()
             os.close(out_w)
             os.close(err_w)
+            os.close(started_w)
         self.pid = pid
         self.events_r, self.out_r, self.err_r = events_r, out_r, err_r
+        self.started_r = started_r
         self.request = request_sock
         self.status: int | None = None
         """The wait status, once the zygote reported it."""
+        self.code_started = False
+        self.gate_closed = False
+        """The gate reached end-of-file: past it, ``code_started`` is final."""
+
+    def check_started(self) -> bool:
+        """Whether the child has said its code starts (``zygote._mark_started``); no wait.
+
+        The byte stays in the pipe until read, and the code never holds an end of
+        it, so reading late loses nothing and nothing the code does can fake it.
+        """
+        while not (self.code_started or self.gate_closed):
+            try:
+                data = os.read(self.started_r, 16)
+            except BlockingIOError:
+                break
+            except OSError:
+                data = b""
+            if data.startswith(zygote.STARTED_BYTE):
+                self.code_started = True
+            else:
+                self.gate_closed = True
+        return self.code_started
 
     def close(self) -> None:
-        for fd in (self.events_r, self.out_r, self.err_r):
+        for fd in (self.events_r, self.out_r, self.err_r, self.started_r):
             try:
                 os.close(fd)
             except OSError:
@@ -425,8 +450,12 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
     tails = {child.out_r: Tail(cap), child.err_r: Tail(cap)}
     open_pipes = {child.out_r, child.err_r}
     poller = select.poll()
-    for fd in (child.out_r, child.err_r, child.events_r, State.control.fileno()):
+    # A plain call's events pipe stays unread (the child closes it): fast calls cost one
+    # wake-up fewer, and "started" is asked of the gate only when it matters (below).
+    for fd in (child.out_r, child.err_r, State.control.fileno()):
         poller.register(fd, select.POLLIN)
+    if cells:
+        poller.register(child.events_r, select.POLLIN)
     returncode: int | None = None
     timed_out = False
     cell_results: list[dict[str, Any]] = []
@@ -434,8 +463,8 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
     cell_deadline = deadline
     interrupted_at: float | None = None
     events_open = True
-    started_code = False
-    started_at: float | None = None  # when the code started, until the host has been told
+    tell_started_at: float | None = started + STARTED_DELAY  # None once told (or never can be)
+    watching_gate = False  # past tell_started_at without a mark: woken by the gate itself
 
     def start_cell(index: int) -> None:
         nonlocal tails, open_pipes, cell_deadline, interrupted_at
@@ -447,7 +476,7 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
         cell_token = os.urandom(16).hex()  # the only end accepted for this cell carries it
         events = wire.FrameDecoder(max_frame=1 << 20)  # a half frame left by a cell is dropped
         if index > 0:  # ... and so is whatever an earlier cell wrote after its end
-            zygote.discard_pending(child.events_r)  # (not before the first: "started")
+            zygote.discard_pending(child.events_r)
         frame = wire.encode_for_call(
             {"type": "cell", "index": index, "code": cells[index], "token": cell_token}
         )
@@ -499,13 +528,22 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
             else:
                 timed_out = True  # the cell did not stop: the process goes
                 break
-        if started_at is not None and now >= started_at + STARTED_DELAY:
-            # Still running: tell the host now (a call that started must not be re-run).
-            write_frame(1, {"type": "started", "id": request.get("id"), "nonce": nonce})
-            started_at = None
+        if tell_started_at is not None and now >= tell_started_at:
+            # Still running: once its code started, tell the host (such a call must not be
+            # run again elsewhere); until then the gate's own write or end wakes us.
+            if child.check_started() or child.gate_closed:
+                if child.code_started:
+                    write_frame(1, {"type": "started", "id": request.get("id"), "nonce": nonce})
+                tell_started_at = None
+                if watching_gate:
+                    poller.unregister(child.started_r)
+                    watching_gate = False
+            elif not watching_gate:
+                poller.register(child.started_r, select.POLLIN)
+                watching_gate = True
         wake = min(deadline, cell_deadline if cells else deadline)
-        if started_at is not None:
-            wake = min(wake, started_at + STARTED_DELAY)
+        if tell_started_at is not None and not watching_gate:
+            wake = min(wake, tell_started_at)
         wait = wake - now
         generation = len(cell_results)
         for fd, _event in poller.poll(max(1, int(wait * 1000) + 1)):
@@ -513,6 +551,8 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
                 break  # a new cell's pipes may reuse numbers of this batch's events: poll again
             if fd == State.control.fileno():
                 take_exit_messages()
+            elif fd == child.started_r:
+                pass  # the gate: read at the top of the loop
             elif fd == child.events_r and events_open:
                 try:
                     data = os.read(fd, CHUNK)
@@ -532,10 +572,7 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
                     poller.unregister(fd)
                 for message in messages:
                     kind = message.get("type")
-                    if kind == "started" and not started_code:
-                        started_code = True
-                        started_at = time.monotonic()  # told with the result, or soon
-                    elif (
+                    if (
                         kind == "cell_end"
                         and cells
                         and message.get("index") == cell_index
@@ -570,6 +607,7 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
                 take_exit_messages()
     for fd in list(open_pipes):
         drain_pipe(fd, tails, open_pipes, poller, close=True)
+    started_code = child.check_started()  # every process of the call is gone or killed
     child.close()
     # Fetched files are read only once nothing of the call can still write them;
     # otherwise the wait for the last process to go is the reset's, off the hot path.

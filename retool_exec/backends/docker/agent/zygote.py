@@ -37,18 +37,17 @@ from typing import Any
 
 from . import forking, identity, wire
 
-EVENTS_FD, REQUEST_FD = 3, 4
-"""In a child: 3 carries its events to the supervisor, 4 its request (a unix socket)."""
-CHILD_FDS = 4
+EVENTS_FD, REQUEST_FD, STARTED_FD = 3, 4, 5
+"""In a child: 3 carries its events to the supervisor, 4 its request (a unix socket), 5
+the one byte that says its code starts (closed before the code exists, see ``_mark_started``)."""
+CHILD_FDS = 5
+STARTED_BYTE = b"S"
 PID_STATUS = struct.Struct("=ii")
 CHILD_NICE = 10
 """Calls run below the supervisor's priority, so it keeps the CPU it needs for deadlines."""
 CHILD_MEMLOCK = 64 * 1024
 PYTHON_IGNORES = (signal.SIGPIPE, signal.SIGXFSZ)
 """What a fresh Python process ignores, restored in the child before user code runs."""
-STARTED_FRAME = wire.encode_frame({"type": "started"})
-"""Encoded once here: every call sends it, and the JSON encoder's first run in a
-child copies ~15 of the zygote's pages (measured with the child's fault counter)."""
 
 WARMUPS = {
     "sympy": "x = sympy.Symbol('x'); sympy.solve(x**2 - 2, x); sympy.simplify(sympy.sin(x)**2 + "
@@ -276,12 +275,14 @@ def discard_pending(fd: int) -> None:
 # -- the child -------------------------------------------------------------------------
 
 
-def child_main(events_w: int, request_r: int, out_w: int, err_w: int) -> None:
+def child_main(events_w: int, request_r: int, out_w: int, err_w: int, started_w: int) -> None:
     """Runs in the forked child; never returns.
 
     Descriptors: 0 stdin (``/dev/null``, or a memfd holding the request's
-    stdin), 1 and 2 the output pipes, 3 the events pipe, 4 the request socket.
-    Nothing else: the zygote's socket is closed before any user code exists.
+    stdin), 1 and 2 the output pipes, 3 the events pipe (notebook calls and
+    sessions only), 4 the request socket (the same), 5 the started gate until
+    the code starts. Nothing else: the zygote's socket is closed before any
+    user code exists.
     """
     status = 70
     try:
@@ -299,7 +300,8 @@ def child_main(events_w: int, request_r: int, out_w: int, err_w: int) -> None:
         os.dup2(err_w, 2)
         os.dup2(events_w, EVENTS_FD)
         os.dup2(request_r, REQUEST_FD)
-        os.closerange(REQUEST_FD + 1, max(os.sysconf("SC_OPEN_MAX"), 1024))
+        os.dup2(started_w, STARTED_FD)
+        os.closerange(STARTED_FD + 1, max(os.sysconf("SC_OPEN_MAX"), 1024))
         for signum in (*identity.IGNORED_SIGNALS, signal.SIGCHLD):
             try:
                 signal.signal(signum, signal.SIG_DFL)
@@ -332,9 +334,14 @@ def child_main(events_w: int, request_r: int, out_w: int, err_w: int) -> None:
             data = int(memory_mb) * 1024 * 1024
             resource.setrlimit(resource.RLIMIT_DATA, (data, data))
         _set_stdin(request.get("stdin"))
-        # From here on the call's own code runs: an ending before this event is the
-        # sandbox's failure, after it the code's (the code cannot take this event back).
-        _send_frame(STARTED_FRAME)
+        # From here on the call's own code runs: an ending before this mark is the
+        # sandbox's failure, after it the code's.
+        if not _mark_started():
+            status = 71
+            return
+        if not (request.get("session") or request.get("cells")):
+            os.close(EVENTS_FD)  # a plain call has no events: its code gets no channel to us
+            request_sock.close()
         if request.get("session"):
             _enter_workdir(str(request.get("workdir") or wire.WORKDIR), copy_from=None)
             # Sessions of a family share a uid: non-dumpable, a sibling (a fork) can neither
@@ -344,13 +351,32 @@ def child_main(events_w: int, request_r: int, out_w: int, err_w: int) -> None:
         elif request.get("cells"):
             status = run_cells(request_sock, int(request["cells"]))
         else:
-            request_sock.close()
             script = request.get("script")
             status = run_user_code(
                 str(request["code"]), script if isinstance(script, str) else None
             )
     finally:
         os._exit(status)
+
+
+def _mark_started() -> bool:
+    """Say on the started gate that the code starts now, and close the gate; False if not said.
+
+    Why a pipe of its own, closed here: whether the code started decides whether an
+    ending is the code's outcome or the sandbox's failure (which the host reports as
+    such, and retries elsewhere if the code never ran). On a channel the code can still
+    write to, it could bury the mark under garbage before the supervisor read it and
+    have its own wrong answer reported as a sandbox failure (the events pipe carried
+    the mark until 2026-12-02: 5 of 40 such calls won that race). Once this returns
+    the code holds no end of the gate, and the byte waits in the pipe, so the
+    supervisor reads it only when it needs to know.
+    """
+    try:
+        written = os.write(STARTED_FD, STARTED_BYTE) == len(STARTED_BYTE)
+    except OSError:
+        written = False
+    os.close(STARTED_FD)
+    return written
 
 
 def _write_quietly(path: str, data: bytes) -> None:
