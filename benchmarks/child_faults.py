@@ -1,6 +1,7 @@
 """Page faults and CPU of one call's child, forked from a real zygote in the sandbox image.
 
     python benchmarks/child_faults.py --code 'print(2+3)' --children 200
+    python benchmarks/child_faults.py --runtime runsc --children 100
     python benchmarks/child_faults.py --agent /tmp/old-checkout/retool_exec/backends/docker
 
 Runs the agent's own code (``zygote.preload``, ``prepare_std_streams``,
@@ -53,21 +54,25 @@ plain = forking is not None and forking.choose(registered)
 fork = forking.fork if forking is not None else os.fork
 encode = getattr(wire, "encode_for_call", wire.encode_frame)
 
+gated = hasattr(zygote, "STARTED_FD")  # the started gate (2026-12-02): a fifth descriptor
+
 def one():
     events_r, events_w = os.pipe(); out_r, out_w = os.pipe(); err_r, err_w = os.pipe()
+    started_r, started_w = os.pipe()
     ours, theirs = socket.socketpair()
     pid = fork()
     if pid == 0:
         ours.close()
-        zygote.child_main(events_w, theirs.fileno(), out_w, err_w)
-    for fd in (events_w, out_w, err_w):
+        fds = [events_w, theirs.fileno(), out_w, err_w] + ([started_w] if gated else [])
+        zygote.child_main(*fds)
+    for fd in (events_w, out_w, err_w, started_w):
         os.close(fd)
     theirs.close()
     ours.sendall(encode({"type": "request", "code": code, "cpu_seconds": 10}))
     ours.close()
     out = b"".join(iter(lambda: os.read(out_r, 65536), b""))
     _, status, usage = os.wait4(pid, 0)
-    for fd in (events_r, out_r, err_r):
+    for fd in (events_r, out_r, err_r, started_r):
         os.close(fd)
     return usage.ru_minflt, usage.ru_utime + usage.ru_stime, out
 
@@ -94,6 +99,7 @@ def main() -> int:
         default=Path(__file__).resolve().parent.parent / "retool_exec" / "backends" / "docker",
         help="the retool_exec/backends/docker directory whose agent is measured",
     )
+    parser.add_argument("--runtime", default="runc", help="runc, or runsc for gVisor")
     args = parser.parse_args()
     client = docker.from_env()
     image = ensure_image(client, ImageSpec()).tag
@@ -103,6 +109,7 @@ def main() -> int:
         entrypoint="python3",
         user="0",
         network_mode="none",
+        runtime=args.runtime,
         volumes={str(args.agent.resolve()): {"bind": "/agent-src", "mode": "ro"}},
         labels={"org.retool_exec.test": "child-faults"},
         remove=True,
