@@ -170,17 +170,16 @@ class Child:
         The byte stays in the pipe until read, and the code never holds an end of
         it, so reading late loses nothing and nothing the code does can fake it.
         """
-        while not (self.code_started or self.gate_closed):
-            try:
-                data = os.read(self.started_r, 16)
-            except BlockingIOError:
-                break
-            except OSError:
-                data = b""
-            if data.startswith(zygote.STARTED_BYTE):
-                self.code_started = True
-            else:
-                self.gate_closed = True
+        if self.code_started or self.gate_closed:
+            return self.code_started
+        try:
+            data = os.read(self.started_r, 16)
+        except BlockingIOError:
+            return False
+        except OSError:
+            data = b""
+        self.code_started = data.startswith(zygote.STARTED_BYTE)
+        self.gate_closed = not self.code_started
         return self.code_started
 
     def close(self) -> None:
