@@ -3,6 +3,7 @@
     python benchmarks/child_faults.py --code 'print(2+3)' --children 200
     python benchmarks/child_faults.py --runtime runsc --children 100
     python benchmarks/child_faults.py --agent /tmp/old-checkout/retool_exec/backends/docker
+    python benchmarks/child_faults.py --runtime runsc --timed
 
 Runs the agent's own code (``zygote.preload``, ``prepare_std_streams``,
 ``forking.choose``, ``child_main``) in a container of the sandbox image (as
@@ -12,7 +13,10 @@ CPU. Why: a reuse call's cost is mostly its child's copies of the zygote's
 pages (each first write to a page they share), and this counts them without
 the supervisor, Docker's attach stream or the host in the way. ``--agent``
 points at another checkout's ``retool_exec/backends/docker`` (a worktree of
-an older commit) to compare agents in the same image.
+an older commit) to compare agents in the same image. ``--timed`` adds the
+medians of each fork and of each child's request to the end of its output
+(what a call waits for): under gVisor, which counts no page faults, the time
+is the measure.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import json, os, resource, socket, sys
 sys.path.insert(0, "/agent-src")
 from agent import identity, wire, zygote
 
+import statistics, time
 code, children, modules = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(",")
 program = identity.syscall_filter(os.uname().machine)
 if hasattr(identity, "SandboxDrop"):
@@ -51,6 +56,9 @@ else:
     zygote.preload(modules, True)
 getattr(zygote, "prepare_std_streams", lambda: None)()
 plain = forking is not None and forking.choose(registered)
+if hasattr(zygote.Setup, "warm_child"):  # as the agent sets it (under gVisor only)
+    from agent import reset
+    zygote.Setup.warm_child = reset._in_gvisor()
 fork = forking.fork if forking is not None else os.fork
 encode = getattr(wire, "encode_for_call", wire.encode_frame)
 
@@ -60,6 +68,7 @@ def one():
     events_r, events_w = os.pipe(); out_r, out_w = os.pipe(); err_r, err_w = os.pipe()
     started_r, started_w = os.pipe()
     ours, theirs = socket.socketpair()
+    forking_at = time.monotonic()
     pid = fork()
     if pid == 0:
         ours.close()
@@ -68,23 +77,32 @@ def one():
     for fd in (events_w, out_w, err_w, started_w):
         os.close(fd)
     theirs.close()
+    forked = time.monotonic() - forking_at
+    time.sleep(0.05)  # as a spare child waits for its call
+    sent_at = time.monotonic()
     ours.sendall(encode({"type": "request", "code": code, "cpu_seconds": 10}))
     ours.close()
     out = b"".join(iter(lambda: os.read(out_r, 65536), b""))
+    answered = time.monotonic() - sent_at
     _, status, usage = os.wait4(pid, 0)
     for fd in (events_r, out_r, err_r, started_r):
         os.close(fd)
-    return usage.ru_minflt, usage.ru_utime + usage.ru_stime, out
+    return usage.ru_minflt, usage.ru_utime + usage.ru_stime, out, forked, answered
 
 for _ in range(5):
     one()
 faults = cpu = 0
+forks, answers = [], []
 for _ in range(children):
-    minflt, seconds, out = one()
+    minflt, seconds, out, forked, answered = one()
     faults += minflt
     cpu += seconds
+    forks.append(forked)
+    answers.append(answered)
 print(json.dumps({"plain_fork": plain, "faults": faults / children,
-                  "cpu_ms": 1000 * cpu / children, "stdout": out.decode(errors="replace")}))
+                  "cpu_ms": 1000 * cpu / children, "stdout": out.decode(errors="replace"),
+                  "fork_ms": 1000 * statistics.median(forks),
+                  "answer_ms": 1000 * statistics.median(answers)}))
 """
 
 
@@ -100,6 +118,9 @@ def main() -> int:
         help="the retool_exec/backends/docker directory whose agent is measured",
     )
     parser.add_argument("--runtime", default="runc", help="runc, or runsc for gVisor")
+    parser.add_argument(
+        "--timed", action="store_true", help="also the median fork and request-to-output times"
+    )
     args = parser.parse_args()
     client = docker.from_env()
     image = ensure_image(client, ImageSpec()).tag
@@ -120,6 +141,11 @@ def main() -> int:
         f"({'fork(2)' if report['plain_fork'] else 'os.fork()'}; the last printed "
         f"{report['stdout']!r})"
     )
+    if args.timed:
+        print(
+            f"median fork {report['fork_ms']:.2f} ms; request to end of output "
+            f"{report['answer_ms']:.2f} ms ({args.runtime})"
+        )
     return 0
 
 
