@@ -75,6 +75,8 @@ class State:
     control: socket.socket
     spare: Child | None = None
     baseline: dict[str, object] = {}  # noqa: RUF012 - set once, at start
+    oom_counter: int | None = None
+    """The cgroup's OOM-kill counter, opened once (``open_oom_counter``); None if there is none."""
 
 
 # -- framing on the attach stream ------------------------------------------------------
@@ -154,6 +156,10 @@ class Child:
             os.close(out_w)
             os.close(err_w)
             os.close(started_w)
+        for fd in (events_r, out_r, err_r):
+            # Our ends only (the child's writes block as a fresh process's do); set here,
+            # with the spare, not on the call's path. A stale poll event must never block.
+            os.set_blocking(fd, False)
         self.pid = pid
         self.events_r, self.out_r, self.err_r = events_r, out_r, err_r
         self.started_r = started_r
@@ -183,7 +189,17 @@ class Child:
         return self.code_started
 
     def close(self) -> None:
-        for fd in (self.events_r, self.out_r, self.err_r, self.started_r):
+        for fd in (self.out_r, self.err_r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.close_channels()
+
+    def close_channels(self) -> None:
+        """The events pipe, the gate and the request socket: what is left once a call's
+        output pipes are closed by whoever read them (never a number twice: it may be reused)."""
+        for fd in (self.events_r, self.started_r):
             try:
                 os.close(fd)
             except OSError:
@@ -285,15 +301,40 @@ def end_all_calls(budget: float = 2.0) -> list[int]:
         time.sleep(0.002)
 
 
-def oom_kills() -> int | None:
+def open_oom_counter() -> None:
+    """Find the cgroup's OOM-kill counter once, and keep it open.
+
+    Why: it is read before and after every call, and a ``pread`` of an open file is
+    one system call where finding and opening it by name were four to five (each
+    ~29 us under gVisor, which has no such file: there the search is not repeated).
+    """
     for path in OOM_COUNTERS:
         try:
-            for line in reset.read_text(path).splitlines():
-                key, _, value = line.partition(" ")
-                if key == "oom_kill":
-                    return int(value)
-        except (OSError, ValueError):
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
             continue
+        State.oom_counter = fd
+        if oom_kills() is not None:
+            return
+        os.close(fd)
+        State.oom_counter = None
+
+
+def oom_kills() -> int | None:
+    """How many processes the kernel's OOM killer ended in this container so far."""
+    if State.oom_counter is None:
+        return None
+    try:
+        text = os.pread(State.oom_counter, 4096, 0).decode(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill":
+            try:
+                return int(value)
+            except ValueError:
+                return None
     return None
 
 
@@ -327,6 +368,8 @@ def _open_parent(root_fd: int, path: str, create: bool) -> tuple[int, str]:
 
 def write_uploads(files: list[list[str]]) -> str | None:
     """Write the call's files (as the calls' uid, never following a link); why not, or None."""
+    if not files:
+        return None
     with identity.acting_as(State.sandbox, State.agent):
         root = os.open(wire.WORKDIR, _DIR_FLAGS)
         try:
@@ -441,8 +484,6 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
         "script": request.get("script"),
     }
     child.request.sendall(wire.encode_for_call(to_child))
-    for fd in (child.out_r, child.err_r, child.events_r):
-        os.set_blocking(fd, False)  # a stale poll event (reused number) must never block
 
     events = wire.FrameDecoder(max_frame=1 << 20)
     cell_token = ""
@@ -595,8 +636,12 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
         if returncode is None and child.pid in exits:
             returncode = decode_status(exits.pop(child.pid))
 
-    # The call is over: end every process it left; with every writer gone the pipes reach EOF.
-    kill_calls()
+    # The call is over. If a pipe is still open (or the time is up) something of the call
+    # still runs: end every process it left, so that every writer goes and the pipes reach
+    # EOF. Otherwise what it left (a process that closed its output) is ended by the reset,
+    # before anything else reads what it could touch (fetched files: ``end_all_calls`` below).
+    if open_pipes or timed_out:
+        kill_calls()
     settle = time.monotonic() + (TIMEOUT_SETTLE_SECONDS if timed_out else SETTLE_SECONDS)
     while open_pipes and time.monotonic() < settle:
         for fd, _event in poller.poll(50):
@@ -606,8 +651,8 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
                 take_exit_messages()
     for fd in list(open_pipes):
         drain_pipe(fd, tails, open_pipes, poller, close=True)
-    started_code = child.check_started()  # every process of the call is gone or killed
-    child.close()
+    started_code = child.check_started()  # the child is gone: the gate said all it will
+    child.close_channels()  # (its output pipes were closed above)
     # Fetched files are read only once nothing of the call can still write them;
     # otherwise the wait for the last process to go is the reset's, off the hot path.
     left = end_all_calls() if request.get("fetch") else []
@@ -822,6 +867,7 @@ def start(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     identity.become(agent_user, wire.SUPERVISOR_CAPABILITIES)
     identity.harden_self()
     lock_memory()
+    open_oom_counter()
     message = ours.recv(1 << 16)
     if message[:1] != b"R":
         reason = message[1:].decode(errors="replace") or "the zygote died before it was ready"
