@@ -487,6 +487,37 @@ CASES: tuple[Case, ...] = (
         "follow-up must still find nothing left",
     ),
     Case(
+        id="res-zombie-of-the-reset",
+        klass=CaseClass.RESOURCES,
+        title="processes that die while the reset ends them leave no zombie for the next call",
+        code=code("""
+            import threading
+
+            def hold(deadline):
+                # No end of the call's pipes: the call ends with its own process, and what
+                # ends these is the reset's kill, just before it lists what is left. A
+                # process of many threads turns zombie only once the last of them is gone.
+                null = os.open(os.devnull, os.O_RDWR)
+                for fd in (0, 1, 2):
+                    os.dup2(null, fd)
+                for _ in range(6):
+                    threading.Thread(target=time.sleep, args=(8,), daemon=True).start()
+                time.sleep(max(0.0, deadline - time.monotonic()))
+            for _ in range(6):  # 42 of the corpus's 64 pids
+                daemon(hold, 8)
+            time.sleep(0.1)
+            report(started=True)
+        """),
+        follow_up=ALIVE,
+        contained=lambda obs: obs.result.ok and _nothing_named_left(obs, zombies=True),
+        severity=Severity.MEDIUM,
+        reference="found in this project (2026-12-02): the reset counted a zombie as gone",
+        note="a zombie is dead, but until reaped the next call reads its name (16 bytes the "
+        "attack chose), ids and times in /proc: a channel between calls. The reset killed, "
+        "reaped, then listed the live processes; one that turned zombie between the reaping "
+        "and the listing was let through",
+    ),
+    Case(
         id="res-huge-source",
         klass=CaseClass.RESOURCES,
         title="10 MB of source code gives a clear result",

@@ -274,7 +274,15 @@ def reap_orphans() -> None:
 
 
 def call_processes() -> list[int]:
-    """Live processes other than the supervisor and the zygote."""
+    """Processes other than the supervisor and the zygote, zombies included.
+
+    Why zombies count: a zombie is dead, but until it is reaped the next call can
+    read its name (16 bytes its code chose), ids and times in ``/proc``. Killing,
+    reaping, then listing only the live ones let through every process that turned
+    zombie between the reaping and the listing (a process of many threads takes a
+    while to: corpus case ``res-zombie-of-the-reset``). Every zombie here has a
+    parent that reaps it: the supervisor (orphans), or the zygote (its children).
+    """
     spared = {os.getpid(), State.zygote_pid}
     pids = []
     for entry in os.listdir("/proc"):
@@ -282,14 +290,15 @@ def call_processes() -> list[int]:
             try:
                 state = reset.read_text(f"/proc/{entry}/stat").rpartition(")")[2].split()[0]
             except (OSError, IndexError):
-                continue
-            if state not in ("Z", "X"):
+                continue  # gone (reaped) meanwhile
+            if state != "X":
                 pids.append(int(entry))
     return pids
 
 
 def end_all_calls(budget: float = 2.0) -> list[int]:
-    """Kill and reap until no call process is left (or ``budget`` runs out); what is left."""
+    """Kill and reap until no call process is left, not even a zombie (or ``budget`` runs
+    out); what is left."""
     give_up = time.monotonic() + budget
     while True:
         kill_calls()
