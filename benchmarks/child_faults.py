@@ -31,11 +31,10 @@ from retool_exec.backends.docker.image import ensure_image
 from retool_exec.backends.docker.image_spec import ImageSpec
 
 INSIDE = r"""
-import json, os, resource, socket, sys
+import json, os, resource, socket, statistics, sys, time
 sys.path.insert(0, "/agent-src")
 from agent import identity, wire, zygote
 
-import statistics, time
 code, children, modules = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(",")
 program = identity.syscall_filter(os.uname().machine)
 if hasattr(identity, "SandboxDrop"):

@@ -533,14 +533,12 @@ def _new_std_streams() -> StdStreams:
 
 def _text_writer(fd: int, stderr: bool = False) -> io.TextIOWrapper:
     """A text stream writing to ``fd``, as a fresh ``python3``'s stdout (or stderr) is."""
+    raw = io.BufferedWriter(io.FileIO(fd, "w", closefd=False))
     if stderr:
         return io.TextIOWrapper(
-            io.BufferedWriter(io.FileIO(fd, "w", closefd=False)),
-            encoding="utf-8",
-            errors="backslashreplace",
-            line_buffering=True,
+            raw, encoding="utf-8", errors="backslashreplace", line_buffering=True
         )
-    return io.TextIOWrapper(io.BufferedWriter(io.FileIO(fd, "w", closefd=False)), encoding="utf-8")
+    return io.TextIOWrapper(raw, encoding="utf-8")
 
 
 def prepare_std_streams() -> None:
