@@ -502,20 +502,33 @@ CASES: tuple[Case, ...] = (
                     os.dup2(null, fd)
                 for _ in range(6):
                     threading.Thread(target=time.sleep, args=(8,), daemon=True).start()
+                # Between the result and the reset it is still running: it leaves empty
+                # files in /tmp (the sandbox's working directory) for the next call.
+                for n in range(50):
+                    open(f"/tmp/{TOKEN}-late-{os.getpid()}-{n}", "w").close()
+                    time.sleep(0.02)
                 time.sleep(max(0.0, deadline - time.monotonic()))
             for _ in range(6):  # 42 of the corpus's 64 pids
                 daemon(hold, 8)
             time.sleep(0.1)
             report(started=True)
         """),
-        follow_up=ALIVE,
-        contained=lambda obs: obs.result.ok and _nothing_named_left(obs, zombies=True),
+        follow_up=code("""
+            report(alive=watch_named(), late=sum(TOKEN in name for name in os.listdir("/tmp")))
+        """),
+        contained=lambda obs: (
+            obs.result.ok
+            and _nothing_named_left(obs, zombies=True)
+            and obs.follow_facts()["late"] == 0
+        ),
         severity=Severity.MEDIUM,
         reference="found in this project (2026-12-02): the reset counted a zombie as gone",
         note="a zombie is dead, but until reaped the next call reads its name (16 bytes the "
         "attack chose), ids and times in /proc: a channel between calls. The reset killed, "
         "reaped, then listed the live processes; one that turned zombie between the reaping "
-        "and the listing was let through",
+        "and the listing was let through. The daemons also write files while the result "
+        "goes back (a call whose pipes are all closed is left to the reset's kill): none may "
+        "reach the next call",
     ),
     Case(
         id="res-huge-source",
