@@ -68,6 +68,9 @@ class Setup:
     std_streams: StdStreams | None = None
     warm_child = False
     """Under gVisor: each spare child runs ``warm_up`` before it waits for its request."""
+    agent_path: str | None = None
+    """``sys.path[0]`` as the agent started (its own archive): a call gets the working
+    directory there instead, as ``python3 -c`` has it (``_fresh_main``)."""
 
 
 def make_call_safe() -> None:
@@ -191,6 +194,7 @@ def serve(
 ) -> None:
     """The zygote's whole life (never returns)."""
     try:
+        Setup.agent_path = sys.path[0] if sys.path else None
         identity.become(zygote_user, wire.ZYGOTE_CAPABILITIES)
         identity.harden_self()
         check_child_setup()
@@ -575,8 +579,13 @@ def _std_streams() -> None:
     sys.stderr = sys.__stderr__ = streams[2]  # type: ignore[misc]
 
 
-def _fresh_main() -> dict[str, Any]:
-    sys.argv = ["-c"]
+def _fresh_main(script_path: str | None = None) -> dict[str, Any]:
+    """A new ``__main__``, ``sys.argv`` and ``sys.path[0]`` as ``python3 -c`` (or
+    ``python3 SCRIPT``) gives them: the code's own directory first, so a module uploaded
+    with the call imports (the agent's archive, which started this process, is not there)."""
+    sys.argv = [script_path] if script_path else ["-c"]
+    if sys.path and sys.path[0] == Setup.agent_path:
+        sys.path[0] = os.path.dirname(script_path) if script_path else ""
     main = types.ModuleType("__main__")
     sys.modules["__main__"] = main
     return main.__dict__
@@ -584,10 +593,11 @@ def _fresh_main() -> dict[str, Any]:
 
 def run_user_code(source: str, script: str | None = None) -> int:
     _std_streams()
-    namespace = _fresh_main()
+    path = None
     if script is not None:  # as `python SCRIPT`: the file is in the working directory
         path = os.path.join(wire.WORKDIR, wire.check_relative_path(script))
-        sys.argv = [path]
+    namespace = _fresh_main(path)
+    if path is not None:
         namespace["__file__"] = path
     status = 0
     try:

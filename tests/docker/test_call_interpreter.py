@@ -1,0 +1,47 @@
+"""A call's interpreter starts as ``python3 -c CODE`` (or ``python3 SCRIPT``) would.
+
+Until 2026-12-02 the first entry of ``sys.path`` in a call was the agent's own
+archive, not the code's directory: a module uploaded with the call could not be
+imported, where the local backend (a real ``python3 -c``) imported it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from retool_exec import DockerConfig, LocalConfig, Sandbox
+from tests.conftest import LABELS, require_docker
+
+PATHS = "import sys\nprint(repr(sys.path[0]), sys.argv, any('agent' in p for p in sys.path))\n"
+
+
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param("local"),
+        pytest.param("reuse", marks=pytest.mark.docker),
+        pytest.param("fresh", marks=pytest.mark.docker),
+    ],
+)
+def sandbox(request: pytest.FixtureRequest) -> Iterator[Sandbox]:
+    if request.param == "local":
+        config: LocalConfig | DockerConfig = LocalConfig()
+    else:
+        require_docker()
+        config = DockerConfig(policy=request.param, pool_size=1, labels=LABELS)
+    with Sandbox(config, max_workers=1) as sb:
+        yield sb
+
+
+def test_a_module_uploaded_with_the_call_imports(sandbox: Sandbox) -> None:
+    result = sandbox.run_code(
+        "import helper\nprint(helper.twice(21))\n",
+        files={"helper.py": "def twice(x):\n    return 2 * x\n"},
+    )
+    assert result.stdout == "42\n", result
+
+
+def test_sys_path_and_argv_are_those_of_python3_c(sandbox: Sandbox) -> None:
+    assert sandbox.run_code(PATHS).stdout == "'' ['-c'] False\n"
