@@ -136,6 +136,12 @@ class DockerConfig(BackendConfigBase):
     call. None picks by policy: ``reuse`` preloads numpy, sympy, scipy and mpmath (paid
     once per container, saved on every call); ``fresh`` preloads nothing, because a
     container serves one call and a lighter start keeps the pool full."""
+    light_zygote: bool = True
+    """With modules preloaded (``reuse``): a second zygote, holding only a few standard
+    modules, forks the plain calls whose code names no preloaded module and imports only
+    the standard library (read from the code's text, erring towards the full zygote).
+    Such a call starts ~1 ms sooner and costs ~1 ms less CPU; the container holds ~10 MiB
+    more. A wrong choice only costs an import. False: every call forks from one zygote."""
     start_timeout: float = Field(default=60.0, gt=0)
     """Seconds a new container may take to report ready."""
     host_grace: float = Field(default=2.0, gt=0, le=60)

@@ -114,9 +114,22 @@ def test_runtime_only_when_asked() -> None:
     assert spec(runtime="runsc").host_config["runtime"] == "runsc"
 
 
+def _option(command: list[str], name: str) -> str | None:
+    return command[command.index(name) + 1] if name in command else None
+
+
 def test_preload_goes_to_the_agent_command() -> None:
-    assert spec(preload=("numpy", "sympy")).create["command"][-2:] == ["--preload", "numpy,sympy"]
+    assert _option(spec(preload=("numpy", "sympy")).create["command"], "--preload") == (
+        "numpy,sympy"
+    )
     assert "--preload" not in spec(preload=()).create["command"]
+
+
+def test_a_light_zygote_only_beside_preloaded_modules_in_a_many_call_container() -> None:
+    assert _option(spec(policy="reuse").create["command"], "--light-zygote") == "yes"
+    assert "--light-zygote" not in spec(policy="reuse", light_zygote=False).create["command"]
+    assert "--light-zygote" not in spec(policy="reuse", preload=()).create["command"]
+    assert "--light-zygote" not in spec(policy="fresh", preload=("numpy",)).create["command"]
 
 
 def test_only_a_one_call_container_skips_the_huge_page_collapse() -> None:

@@ -137,7 +137,19 @@ CASES: tuple[Case, ...] = (
                         return False
                 return False
 
+            def uid(pid):
+                try:
+                    with open(f"/proc/{pid}/status") as handle:
+                        return next(int(line.split()[1]) for line in handle
+                                    if line.startswith("Uid:"))
+                except (OSError, StopIteration):
+                    return None
+
             agent = {1, os.getppid()} if IN_AGENT_SANDBOX else set()  # supervisor, zygote
+            if IN_AGENT_SANDBOX:  # the other zygote of a reuse container (the light one)
+                zygote_uid = uid(os.getppid())
+                agent |= {pid for pid in names
+                          if parents.get(pid) == 1 and uid(pid) == zygote_uid}
             strangers = sorted(pid for pid in names if pid not in agent and not mine(pid))
             report(strangers=[names[pid] for pid in strangers][:10], count=len(strangers))
         """),

@@ -289,4 +289,30 @@ CASES: tuple[Case, ...] = (
         reference="CVE-2024-28185, CVE-2024-28189 (judge0: the host followed a sandbox symlink)",
         catalogue=(41,),
     ),
+    Case(
+        id="iso-zygote-of-the-last-call",
+        klass=CaseClass.ISOLATION,
+        title="which zygote call N's code wanted does not show in call N+1's interpreter",
+        code=code("""
+            try:
+                import numpy  # named: in a reuse container this call forks from the full zygote
+            except ImportError:
+                pass
+            report(named=True)
+        """),
+        follow_up=code("""
+            name = "nu" + "mpy"  # not named: this call forks from the light zygote
+            present = [name] if name in sys.modules else []
+            report(present=present)
+        """),
+        contained=_absent,
+        severity=Severity.LOW,
+        reference="retool_exec's light zygote (2026-12-02): a first version let a light call "
+        "take the full zygote's spare forked after call N, so numpy in sys.modules told call "
+        "N+1 that call N's code named a preloaded module",
+        catalogue=(41,),
+        local=Expect.CONTAINED,
+        note="The follow-up's code names no preloaded module and imports only the standard "
+        "library: under reuse it must fork from the light zygote whatever call N wanted.",
+    ),
 )

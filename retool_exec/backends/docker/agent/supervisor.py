@@ -42,7 +42,7 @@ import sys
 import time
 from typing import Any
 
-from . import identity, reset, wire, zygote
+from . import identity, light_calls, reset, wire, zygote
 from .identity import Identity
 
 CHUNK = 1 << 16
@@ -66,14 +66,29 @@ within its 5 s grace, that a slow call must not be run again elsewhere)."""
 MCL_CURRENT = 1
 
 
+FULL, LIGHT = "full", "light"
+"""The zygotes: ``full`` preloads the configured modules; ``light`` (optional) only a few
+standard ones, for the plain calls that need nothing else (``light_calls``)."""
+
+
+class ForkServer:
+    """A zygote as the supervisor sees it: its pid and its control socket."""
+
+    def __init__(self, pid: int, control: socket.socket) -> None:
+        self.pid, self.control = pid, control
+
+
 class State:
     """Facts fixed at start."""
 
     agent = Identity(wire.AGENT_USER)
     sandbox = Identity(wire.DEFAULT_SANDBOX_USER)
-    zygote_pid = 0
-    control: socket.socket
+    zygotes: dict[str, ForkServer] = {}  # noqa: RUF012 - set once, at start
+    preloaded: tuple[str, ...] = ()
+    """What the full zygote preloads: code naming any of it never forks from the light one."""
     spare: Child | None = None
+    next_kind = FULL
+    """Which zygote the next spare comes from: the one the last call wanted."""
     baseline: dict[str, object] = {}  # noqa: RUF012 - set once, at start
     oom_counter: int | None = None
     """The cgroup's OOM-kill counter, opened once (``open_oom_counter``); None if there is none."""
@@ -136,9 +151,10 @@ class Tail:
 
 
 class Child:
-    """A child forked by the zygote ahead of its call, waiting for its request."""
+    """A child forked by a zygote (``kind``) ahead of its call, waiting for its request."""
 
-    def __init__(self) -> None:
+    def __init__(self, kind: str = FULL) -> None:
+        server = State.zygotes[kind]
         events_r, events_w = os.pipe()
         request_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         out_r, out_w = os.pipe()
@@ -146,10 +162,10 @@ class Child:
         started_r, started_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         theirs = [events_w, child_sock.fileno(), out_w, err_w, started_w]
         try:
-            State.control.sendmsg(
+            server.control.sendmsg(
                 [b"F"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", theirs))]
             )
-            pid = wait_for_fork()
+            pid = wait_for_fork(server)
         finally:
             os.close(events_w)
             child_sock.close()
@@ -160,7 +176,7 @@ class Child:
             # Our ends only (the child's writes block as a fresh process's do); set here,
             # with the spare, not on the call's path. A stale poll event must never block.
             os.set_blocking(fd, False)
-        self.pid = pid
+        self.pid, self.kind = pid, kind
         self.events_r, self.out_r, self.err_r = events_r, out_r, err_r
         self.started_r = started_r
         self.request = request_sock
@@ -208,12 +224,17 @@ class Child:
 
 
 exits: dict[int, int] = {}
-"""Wait statuses the zygote reported, by pid, not yet claimed."""
+"""Wait statuses the zygotes reported, by pid, not yet claimed."""
 
 
-def wait_for_fork() -> int:
+def _record_exit(body: bytes) -> None:
+    pid, status = zygote.PID_STATUS.unpack(body)
+    exits[pid] = status
+
+
+def wait_for_fork(server: ForkServer) -> int:
     while True:
-        message = State.control.recv(4096)
+        message = server.control.recv(4096)
         if not message:
             raise OSError("the zygote is gone")
         kind, body = message[:1], message[1:]
@@ -222,22 +243,26 @@ def wait_for_fork() -> int:
         if kind == b"E":
             raise OSError(f"the zygote could not fork: {body.decode(errors='replace')}")
         if kind == b"X":
-            pid, status = zygote.PID_STATUS.unpack(body)
-            exits[pid] = status
+            _record_exit(body)
+
+
+def control_fds() -> list[int]:
+    """The zygotes' control sockets, to poll for their exit reports."""
+    return [server.control.fileno() for server in State.zygotes.values()]
 
 
 def take_exit_messages() -> None:
-    """Read the zygote's pending exit reports (non-blocking)."""
-    while True:
-        try:
-            message = State.control.recv(4096, socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            return
-        if not message:
-            raise OSError("the zygote is gone")
-        if message[:1] == b"X":
-            pid, status = zygote.PID_STATUS.unpack(message[1:])
-            exits[pid] = status
+    """Read the zygotes' pending exit reports (non-blocking)."""
+    for server in State.zygotes.values():
+        while True:
+            try:
+                message = server.control.recv(4096, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                break
+            if not message:
+                raise OSError("the zygote is gone")
+            if message[:1] == b"X":
+                _record_exit(message[1:])
 
 
 def decode_status(status: int) -> int:
@@ -274,7 +299,7 @@ def reap_orphans() -> None:
 
 
 def call_processes() -> list[int]:
-    """Processes other than the supervisor and the zygote, zombies included.
+    """Processes other than the supervisor and the zygotes, zombies included.
 
     Why zombies count: a zombie is dead, but until it is reaped the next call can
     read its name (16 bytes its code chose), ids and times in ``/proc``. Killing,
@@ -283,7 +308,7 @@ def call_processes() -> list[int]:
     while to: corpus case ``res-zombie-of-the-reset``). Every zombie here has a
     parent that reaps it: the supervisor (orphans), or the zygote (its children).
     """
-    spared = {os.getpid(), State.zygote_pid}
+    spared = {os.getpid(), *(server.pid for server in State.zygotes.values())}
     pids = []
     for entry in os.listdir("/proc"):
         if entry.isdigit() and int(entry) not in spared:
@@ -501,7 +526,8 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
     poller = select.poll()
     # A plain call's events pipe stays unread (the child closes it): fast calls cost one
     # wake-up fewer, and "started" is asked of the gate only when it matters (below).
-    for fd in (child.out_r, child.err_r, State.control.fileno()):
+    controls = control_fds()
+    for fd in (child.out_r, child.err_r, *controls):
         poller.register(fd, select.POLLIN)
     if cells:
         poller.register(child.events_r, select.POLLIN)
@@ -598,7 +624,7 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
         for fd, _event in poller.poll(max(1, int(wait * 1000) + 1)):
             if len(cell_results) != generation:
                 break  # a new cell's pipes may reuse numbers of this batch's events: poll again
-            if fd == State.control.fileno():
+            if fd in controls:
                 take_exit_messages()
             elif fd == child.started_r:
                 pass  # the gate: read at the top of the loop
@@ -656,7 +682,7 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
         for fd, _event in poller.poll(50):
             if fd in open_pipes:  # (non-blocking: a stale event cannot stall us)
                 pump(fd, tails, open_pipes, poller)
-            elif fd == State.control.fileno():
+            elif fd in controls:
                 take_exit_messages()
     for fd in list(open_pipes):
         drain_pipe(fd, tails, open_pipes, poller, close=True)
@@ -847,9 +873,8 @@ def start(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     zygote_user = Identity(options.pop("zygote-user", wire.ZYGOTE_USER))
     sandbox_user = Identity(options.pop("sandbox-user", wire.DEFAULT_SANDBOX_USER))
     modules = [m for m in options.pop("preload", "").split(",") if m]
-    huge_pages = options.pop("huge-pages", "yes")
-    if huge_pages not in ("yes", "no"):
-        raise ValueError(f"--huge-pages takes yes or no, not {huge_pages!r}")
+    huge_pages = _yes_or_no(options, "huge-pages", "yes")
+    light = _yes_or_no(options, "light-zygote", "no") and bool(modules)
     if options:
         raise ValueError(f"unknown agent options: {sorted(options)}")
     if len({agent_user.uid, zygote_user.uid, sandbox_user.uid}) != 3:
@@ -865,30 +890,101 @@ def start(argv: list[str]) -> tuple[list[str], dict[str, str]]:
         sandbox_user, identity.last_capability(), identity.syscall_filter(machine)
     )
 
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    pid = os.fork()
-    if pid == 0:
-        ours.close()
-        zygote.serve(theirs, zygote_user, modules, huge_pages == "yes")
-        os._exit(70)
-    theirs.close()
-    State.zygote_pid, State.control = pid, ours
+    State.preloaded = tuple(modules)
+    State.zygotes[FULL] = _fork_zygote(zygote_user, modules, huge_pages)
+    if light:
+        # Small: no huge pages to collapse (its heap is a few MiB).
+        State.zygotes[LIGHT] = _fork_zygote(zygote_user, list(light_calls.LIGHT_PRELOAD), False)
     identity.become(agent_user, wire.SUPERVISOR_CAPABILITIES)
     identity.harden_self()
     lock_memory()
     open_oom_counter()
-    message = ours.recv(1 << 16)
+    ready = {kind: _wait_ready(server) for kind, server in State.zygotes.items()}
+    return list(ready[FULL]["loaded"]), dict(ready[FULL]["failed"])
+
+
+def _yes_or_no(options: dict[str, str], name: str, default: str) -> bool:
+    value = options.pop(name, default)
+    if value not in ("yes", "no"):
+        raise ValueError(f"--{name} takes yes or no, not {value!r}")
+    return value == "yes"
+
+
+def _fork_zygote(zygote_user: Identity, modules: list[str], huge_pages: bool) -> ForkServer:
+    """Start one zygote (still as root: it drops to ``zygote_user`` itself)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
+        ours.close()
+        for other in State.zygotes.values():  # a zygote holds no end of another's socket
+            other.control.close()
+        zygote.serve(theirs, zygote_user, modules, huge_pages)
+        os._exit(70)
+    theirs.close()
+    return ForkServer(pid, ours)
+
+
+def _wait_ready(server: ForkServer) -> dict[str, Any]:
+    message = server.control.recv(1 << 16)
     if message[:1] != b"R":
         reason = message[1:].decode(errors="replace") or "the zygote died before it was ready"
         raise OSError(reason)
-    ready = json.loads(message[1:])
-    return list(ready["loaded"]), dict(ready["failed"])
+    ready: dict[str, Any] = json.loads(message[1:])
+    return ready
 
 
-def take_spare() -> Child:
-    """The child forked ahead for the next call (or a new one)."""
+def zygote_for(request: dict[str, Any]) -> str:
+    """The zygote a ``run`` request's child comes from (``light_calls``)."""
+    if LIGHT not in State.zygotes or request.get("cells"):
+        return FULL
+    code = request.get("code")
+    if not isinstance(code, str) or not light_calls.runs_light(code, State.preloaded):
+        return FULL
+    return LIGHT
+
+
+def take_spare(kind: str = FULL) -> Child:
+    """A child of zygote ``kind`` for a call: the spare forked ahead, if it is of that kind.
+
+    A spare of the other kind is discarded unused and a child forked now: a call
+    never runs in the other zygote's child, because what that child holds (the
+    modules in ``sys.modules``) would tell the call which zygote the previous call
+    of this container wanted, that is, something of that call's code. The next
+    spare comes from the zygote this call wanted, so a run of calls of one kind
+    never waits for a fork; only a change of kind does (~1 ms).
+    """
     child, State.spare = State.spare, None
-    return child if child is not None else Child()
+    State.next_kind = kind
+    if child is not None and child.kind == kind:
+        return child
+    if child is None:
+        return Child(kind)
+    signal_call(child.pid, signal.SIGKILL)  # it has seen nothing; it dies while we fork
+    child.close()
+    fresh = Child(kind)
+    _wait_gone(child.pid)
+    return fresh
+
+
+DISCARD_BUDGET = 2.0
+"""Seconds a discarded spare may take to be gone (killed, reaped and reported)."""
+
+
+def _wait_gone(pid: int) -> None:
+    """Until the zygote reported ``pid`` reaped: the call must not find it in ``/proc`` (a
+    process it cannot account for) nor its sockets in the container's counts."""
+    give_up = time.monotonic() + DISCARD_BUDGET
+    poller = select.poll()
+    for fd in control_fds():
+        poller.register(fd, select.POLLIN)
+    while True:
+        take_exit_messages()
+        if exits.pop(pid, None) is not None:
+            return
+        left = give_up - time.monotonic()
+        if left <= 0:
+            raise OSError(f"a discarded spare ({pid}) is still there")
+        poller.poll(max(1, int(left * 1000)))
 
 
 def main(argv: list[str]) -> int:
@@ -898,7 +994,7 @@ def main(argv: list[str]) -> int:
         loaded, failed = start(argv)
         reap_orphans()
         State.baseline = reset.measure()
-        State.spare = Child()
+        State.spare = Child(FULL)
     except Exception as exc:
         write_frame(1, {"type": "fatal", "reason": f"{type(exc).__name__}: {exc}"})
         return 70
@@ -909,6 +1005,7 @@ def main(argv: list[str]) -> int:
             "python": sys.version.split()[0],
             "preloaded": loaded,
             "failed": failed,
+            "zygotes": sorted(State.zygotes),
             "pid": os.getpid(),
             "sandbox_uid": State.sandbox.uid,
         },
@@ -924,7 +1021,7 @@ def main(argv: list[str]) -> int:
         nonce = request.pop("nonce", None)
         try:
             if kind == "run":
-                result = run_call(request, take_spare(), nonce)
+                result = run_call(request, take_spare(zygote_for(request)), nonce)
                 write_frame(1, {**result, "nonce": nonce})
                 if request.get("reset"):
                     write_frame(1, _reset_frame(request.get("id"), nonce))
@@ -967,7 +1064,7 @@ def _with_spare(reply: dict[str, Any]) -> dict[str, Any]:
     """After a clean reset, fork the next call's child; failing to is not clean."""
     if reply.get("clean"):
         try:
-            State.spare = Child()
+            State.spare = Child(State.next_kind)
         except OSError as exc:
             return {**reply, "clean": False, "reason": f"cannot fork the next call: {exc}"}
     return reply
