@@ -177,6 +177,63 @@ CASES: tuple[Case, ...] = (
         note=GVISOR_PROCFS,
     ),
     Case(
+        id="proto-every-agent-process",
+        klass=CaseClass.PROTOCOL,
+        title="no other process the call can see (the supervisor, every zygote) can be "
+        "signalled or have its memory read",
+        code=code("""
+            class IOVec(ctypes.Structure):
+                _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+            parents = {}
+            for entry in os.listdir("/proc"):
+                if entry.isdigit():
+                    try:
+                        with open(f"/proc/{entry}/stat") as handle:
+                            parents[int(entry)] = int(handle.read().rpartition(")")[2].split()[1])
+                    except (OSError, IndexError, ValueError):
+                        continue
+
+            def mine(pid):
+                for _ in range(64):
+                    if pid == os.getpid():
+                        return True
+                    pid = parents.get(pid, 0)
+                    if pid <= 0:
+                        return False
+                return False
+
+            with open("/proc/self/maps") as handle:
+                address = int(handle.readline().split("-")[0], 16)  # same layout as a fork
+            buffer = ctypes.create_string_buffer(8)
+            local = IOVec(ctypes.cast(buffer, ctypes.c_void_p), 8)
+            remote = IOVec(address, 8)
+            attempts = {}
+            for pid in sorted(pid for pid in parents if not mine(pid))[:200]:
+                try:
+                    os.kill(pid, 0)  # signal 0: only the permission check, nothing is sent
+                    signal = "ok"
+                except OSError as exc:
+                    signal = why(exc)
+                got = libc.syscall(310, pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+                attempts[pid] = {
+                    "signal": signal,
+                    "mem": try_open(f"/proc/{pid}/mem", os.O_RDONLY),
+                    # EFAULT means the permission check passed (only the address was wrong)
+                    "process_vm_readv": "ok" if got >= 0 else last_error().replace("EFAULT", "ok"),
+                }
+            report(targets=len(attempts), attempts=list(attempts.values())[:20])
+        """),
+        contained=lambda obs: (
+            obs.facts()["targets"] >= 2
+            and all(all_denied(tried.values()) for tried in obs.facts()["attempts"])
+        ),
+        severity=Severity.CRITICAL,
+        reference="kill(2) and ptrace(2) access checks: every agent process has its own uid "
+        "and is non-dumpable (the light zygote of 2026-12-02 included)",
+        catalogue=(11,),
+    ),
+    Case(
         id="proto-agent-ptrace",
         klass=CaseClass.PROTOCOL,
         title="the agent cannot be traced (PTRACE_ATTACH, PTRACE_SEIZE)",
