@@ -54,6 +54,7 @@ if forking is not None:
 else:
     zygote.preload(modules, True)
 getattr(zygote, "prepare_std_streams", lambda: None)()
+getattr(zygote, "warm_zygote", lambda: None)()  # as the agent does (2026-12-02)
 plain = forking is not None and forking.choose(registered)
 if hasattr(zygote.Setup, "warm_child"):  # as the agent sets it (under gVisor only)
     from agent import reset

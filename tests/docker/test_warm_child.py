@@ -1,4 +1,5 @@
-"""Under gVisor each spare child rehearses a call before its request (``zygote.warm_up``).
+"""The rehearsal of a call (``zygote.warm_up``): once in every zygote, before any fork
+(``zygote.warm_zygote``), and under gVisor in each spare child before its request.
 
 The rehearsal must leave the call exactly what a fresh ``python3`` would have:
 its own std streams, ``__main__``, tracebacks that start at its code, and the
@@ -17,12 +18,13 @@ from tests.conftest import LABELS, require_docker
 pytestmark = pytest.mark.docker
 
 
-@pytest.fixture(scope="module")
-def gvisor_with_logging() -> Iterator[Sandbox]:
-    """gVisor, with ``logging`` preloaded: its at-exit ``shutdown`` is the zygote's."""
+@pytest.fixture(scope="module", params=["runsc", "runc"])
+def gvisor_with_logging(request: pytest.FixtureRequest) -> Iterator[Sandbox]:
+    """gVisor (the zygote's and the child's rehearsals) and runc (the zygote's only), with
+    ``logging`` preloaded: its at-exit ``shutdown`` is the zygote's."""
     require_docker()
     config = DockerConfig(
-        runtime="runsc",
+        runtime=request.param,
         policy="reuse",
         pool_size=1,
         timeout=20,
