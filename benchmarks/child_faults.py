@@ -43,6 +43,7 @@ if hasattr(identity, "SandboxDrop"):
 else:  # an agent older than 2026-12-01
     zygote.Setup.last_cap, zygote.Setup.syscall_program = identity.last_capability(), program
 os.makedirs(wire.WORKDIR, exist_ok=True)
+getattr(zygote, "lock_zygote", lambda: None)()  # as the agent's zygotes do (2026-12-02)
 try:
     from agent import forking
 except ImportError:  # an older agent: os.fork() only

@@ -25,6 +25,7 @@ PR_SET_KEEPCAPS = 8
 PR_SET_SECCOMP = 22
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
+PR_GET_NO_NEW_PRIVS = 39
 PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 SECCOMP_MODE_FILTER = 2
@@ -154,13 +155,41 @@ class SandboxDrop:
             _SockFprog(len(syscall_program) // 8, ctypes.addressof(self._program))
         )
 
-    def apply(self) -> None:
-        """In a child: drop to the calls' uid, no capability, the syscall filter; or raise."""
-        sandbox = self.sandbox
+    def lock_zygote(self, serving_capabilities: tuple[int, ...]) -> None:
+        """In a zygote, once, before its first fork: what every child inherits; or raise.
+
+        The empty bounding set, ``no_new_privs`` and the syscall filter pass to
+        every child across fork and can never be undone, so they are made once
+        here instead of in each child. Why: a child's every step before its
+        request runs in its pages copied from the zygote (an off-path cost each
+        call pays in CPU); measured in the image with the light zygote's
+        modules, these three cost a child ~0.14 ms of CPU and ~18 page copies.
+        Then the zygote keeps only ``serving_capabilities``: CAP_SETPCAP was
+        needed for the bounding set alone.
+        """
         for capability in self.bounding:
             failed = self._prctl(PR_CAPBSET_DROP, capability, 0, 0, 0) != 0
             if failed and ctypes.get_errno() != EINVAL:  # EINVAL: one this kernel lacks
                 raise OSError(ctypes.get_errno(), f"PR_CAPBSET_DROP {capability}")
+        if self._prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS")
+        if self._prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, self._fprog, 0, 0) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"installing the seccomp filter: {os.strerror(errno)}")
+        set_capabilities(serving_capabilities)
+        sets = capability_sets()
+        if sets.get("CapBnd", 0) or sets.get("CapEff") != capability_mask(serving_capabilities):
+            raise PermissionError(f"the zygote could not lock itself down: {sets}")
+        if self._prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) != 1:
+            raise PermissionError("no_new_privs did not hold")
+
+    def apply(self) -> None:
+        """In a child: the calls' uid and no capability at all; or raise.
+
+        The bounding set, ``no_new_privs`` and the syscall filter are the zygote's
+        (``lock_zygote``), inherited: a zygote serves no fork before it holds them.
+        """
+        sandbox = self.sandbox
         os.setgroups([])
         os.setresgid(sandbox.gid, sandbox.gid, sandbox.gid)
         os.setresuid(sandbox.uid, sandbox.uid, sandbox.uid)
@@ -172,11 +201,6 @@ class SandboxDrop:
         held = any(word.effective or word.permitted for word in self._read)
         if os.getresuid() != (sandbox.uid,) * 3 or held:
             raise PermissionError(f"could not become the sandbox user: {os.getresuid()}")
-        if self._prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS")
-        if self._prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, self._fprog, 0, 0) != 0:
-            errno = ctypes.get_errno()
-            raise OSError(errno, f"installing the seccomp filter: {os.strerror(errno)}")
 
 
 class acting_as:

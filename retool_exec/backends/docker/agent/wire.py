@@ -187,8 +187,10 @@ CAP_SETGID, CAP_SETUID, CAP_SETPCAP = 6, 7, 8
 CAPABILITY_NAMES = {CAP_SETGID: "SETGID", CAP_SETUID: "SETUID", CAP_SETPCAP: "SETPCAP"}
 SUPERVISOR_CAPABILITIES = (CAP_SETGID, CAP_SETUID)
 """Act as the calls' uid (to kill their processes and empty what they left)."""
-ZYGOTE_CAPABILITIES = (CAP_SETGID, CAP_SETUID, CAP_SETPCAP)
-"""Make each child the calls' uid with an empty bounding set."""
+ZYGOTE_SERVING_CAPABILITIES = (CAP_SETGID, CAP_SETUID)
+"""Make each child the calls' uid: all a zygote holds once it serves forks."""
+ZYGOTE_CAPABILITIES = (*ZYGOTE_SERVING_CAPABILITIES, CAP_SETPCAP)
+"""A zygote at start: CAP_SETPCAP empties its bounding set, which every child inherits."""
 CONTAINER_CAPABILITIES = tuple(
     CAPABILITY_NAMES[c] for c in sorted(set(SUPERVISOR_CAPABILITIES) | set(ZYGOTE_CAPABILITIES))
 )
