@@ -658,9 +658,39 @@ def _print_exception(exc: BaseException) -> None:
         tb = tb.tb_next
     try:
         exc.__traceback__ = tb  # excepthook prints the exception's own traceback
-        sys.excepthook(type(exc), exc, tb)
+        with _one_write(sys.stderr):
+            sys.excepthook(type(exc), exc, tb)
     except BaseException:
         pass
+
+
+class _one_write:
+    """Context manager: the default excepthook's lines leave in one write, not one each.
+
+    Why: every write to a pipe wakes the supervisor, which reads it on the other
+    core; a three-line traceback cost three wakeups, CPU that calls under
+    concurrency share. The text is the same. Only for our own line-buffered
+    stream and the default hook (finite, fast): a hook of the call's own may
+    print slowly, and must be seen line by line as ``python3`` would show it.
+    """
+
+    def __init__(self, stream: object) -> None:
+        self.stream = stream
+        self.batched = (
+            type(stream) is io.TextIOWrapper
+            and stream.line_buffering
+            and sys.excepthook is sys.__excepthook__
+        )
+
+    def __enter__(self) -> None:
+        if self.batched:
+            assert isinstance(self.stream, io.TextIOWrapper)
+            self.stream.reconfigure(line_buffering=False)
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.batched:
+            assert isinstance(self.stream, io.TextIOWrapper)
+            self.stream.reconfigure(line_buffering=True)  # which flushes
 
 
 def _finish(status: int, rehearsal: bool = False) -> int:
