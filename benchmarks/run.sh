@@ -28,8 +28,16 @@ if ! "$BASELINE/bin/python" -c 'import numpy, sympy, scipy, mpmath' 2>/dev/null;
 fi
 "$PYTHON" -c 'import matplotlib' 2>/dev/null || "$PYTHON" -m pip install --quiet -e '.[bench]'
 
+# 160 recorded calls per cell (the bench's default is 40): a throughput cell at 16
+# callers is then 10 batches, not 3, and at 64 callers 3, not 1. With 3 batches one
+# slow batch (65.7 ms among 29-34) moved error's 16-caller ratio from 1.64x to 1.30x
+# between two runs of the same code. A later --calls (or --quick) overrides it.
+calls=(--calls 160)
+for arg in "$@"; do
+    [ "$arg" != --quick ] || calls=()
+done
 uptime >&2
-"$PYTHON" benchmarks/make_report.py --local-python "$BASELINE/bin/python" "$@"
+"$PYTHON" benchmarks/make_report.py --local-python "$BASELINE/bin/python" "${calls[@]}" "$@"
 
 if [ "${BENCH_PEERS:-1}" != 0 ]; then
     peers_args=()

@@ -7,6 +7,7 @@ imported, where the local backend (a real ``python3 -c``) imported it.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 
 import pytest
@@ -45,3 +46,27 @@ def test_a_module_uploaded_with_the_call_imports(sandbox: Sandbox) -> None:
 
 def test_sys_path_and_argv_are_those_of_python3_c(sandbox: Sandbox) -> None:
     assert sandbox.run_code(PATHS).stdout == "'' ['-c'] False\n"
+
+
+SIGNALS = """
+import signal
+status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines())
+print(*(int(status[key], 16) for key in ("SigBlk", "SigIgn", "SigCgt")))
+print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+"""
+SETTABLE = sum(1 << signal_number - 1 for signal_number in signal.valid_signals())
+"""The signals Python can set. glibc keeps 32 and 33 for itself (no Python code can
+set or reset them); in a container the runtime starts PID 1 with 32 ignored, which a
+``python3`` there inherits as well."""
+IGNORED = (1 << signal.SIGPIPE - 1) | (1 << signal.SIGXFSZ - 1)
+
+
+def test_signal_dispositions_are_those_of_python3(sandbox: Sandbox) -> None:
+    """Nothing blocked, SIGPIPE and SIGXFSZ ignored, SIGINT caught (KeyboardInterrupt),
+    as a fresh ``python3`` has them: a zygote's child resets every disposition its
+    zygote set (a zygote ignores nearly every signal and catches SIGCHLD)."""
+    result = sandbox.run_code(SIGNALS)
+    masks, default_int_handler = result.stdout.splitlines()
+    blocked, ignored, caught = (int(mask) & SETTABLE for mask in masks.split())
+    assert (blocked, ignored, caught) == (0, IGNORED, 1 << signal.SIGINT - 1), result
+    assert default_int_handler == "True", result

@@ -27,7 +27,8 @@ CALL_PROBE = """
 import ctypes, errno
 libc = ctypes.CDLL(None, use_errno=True)
 status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines())
-print(status["CapBnd"].strip(), status["CapEff"].strip(), libc.prctl(39, 0, 0, 0, 0), libc.prctl(21, 0, 0, 0, 0))
+no_new_privs, seccomp = libc.prctl(39, 0, 0, 0, 0), libc.prctl(21, 0, 0, 0, 0)
+print(status["CapBnd"].strip(), status["CapEff"].strip(), no_new_privs, seccomp)
 print(libc.syscall(425, 1, 0) == -1 and ctypes.get_errno() == errno.ENOSYS)
 """
 """A call's bounding and effective sets, no_new_privs and seccomp mode (prctl: gVisor's
