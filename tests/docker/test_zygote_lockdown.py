@@ -14,26 +14,26 @@ import docker
 import pytest
 
 from retool_exec import DockerConfig, Outcome, Sandbox
-from retool_exec.backends.docker.agent import wire
+from retool_exec.backends.docker.agent import identity, wire
 from tests.conftest import LABELS, require_docker
 from tests.docker.pool_probes import pool_containers
 
 pytestmark = pytest.mark.docker
 
 ZYGOTE_UID = wire.ZYGOTE_USER.partition(":")[0]
-SETGID_SETUID = (1 << wire.CAP_SETGID) | (1 << wire.CAP_SETUID)
+SERVING = identity.capability_mask(wire.ZYGOTE_SERVING_CAPABILITIES)
 
-CALL_PROBE = """
+CALL_PROBE = f"""
 import ctypes, errno
 libc = ctypes.CDLL(None, use_errno=True)
 status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines())
-no_new_privs, seccomp = libc.prctl(39, 0, 0, 0, 0), libc.prctl(21, 0, 0, 0, 0)
+no_new_privs = libc.prctl({identity.PR_GET_NO_NEW_PRIVS}, 0, 0, 0, 0)
+seccomp = libc.prctl(21, 0, 0, 0, 0)  # PR_GET_SECCOMP
 print(status["CapBnd"].strip(), status["CapEff"].strip(), no_new_privs, seccomp)
-print(libc.syscall(425, 1, 0) == -1 and ctypes.get_errno() == errno.ENOSYS)
+print(libc.syscall(425, 1, 0) == -1 and ctypes.get_errno() == errno.ENOSYS)  # io_uring_setup
 """
-"""A call's bounding and effective sets, no_new_privs and seccomp mode (prctl: gVisor's
-status has neither), and whether
-io_uring_setup gets the agent's filter's ENOSYS."""
+"""A call's bounding and effective sets, no_new_privs and seccomp mode (by prctl: gVisor's
+status has neither), and whether io_uring_setup gets the agent's filter's ENOSYS."""
 
 
 def _status(pid: int) -> dict[str, str]:
@@ -61,8 +61,8 @@ def test_zygotes_hold_what_their_calls_inherit_and_no_more(runtime: str) -> None
         assert len(zygotes) == 2, top  # the full zygote and the light one
         for pid in zygotes:
             status = _status(pid)
-            assert int(status["CapEff"], 16) == SETGID_SETUID, status
-            assert int(status["CapPrm"], 16) == SETGID_SETUID, status
+            assert int(status["CapEff"], 16) == SERVING, status
+            assert int(status["CapPrm"], 16) == SERVING, status
             assert int(status["CapBnd"], 16) == 0, status
             assert status["NoNewPrivs"] == "1", status
             assert status["Seccomp"] == "2", status

@@ -675,21 +675,17 @@ class _one_write:
     """
 
     def __init__(self, stream: object) -> None:
-        self.stream = stream
-        self.batched = (
-            type(stream) is io.TextIOWrapper
-            and stream.line_buffering
-            and sys.excepthook is sys.__excepthook__
-        )
+        self.stream: io.TextIOWrapper | None = None
+        default_hook = sys.excepthook is sys.__excepthook__
+        if type(stream) is io.TextIOWrapper and stream.line_buffering and default_hook:
+            self.stream = stream  # ours: the exact class, not a subclass of the call's
 
     def __enter__(self) -> None:
-        if self.batched:
-            assert isinstance(self.stream, io.TextIOWrapper)
+        if self.stream is not None:
             self.stream.reconfigure(line_buffering=False)
 
     def __exit__(self, *exc_info: object) -> None:
-        if self.batched:
-            assert isinstance(self.stream, io.TextIOWrapper)
+        if self.stream is not None:
             self.stream.reconfigure(line_buffering=True)  # which flushes
 
 
