@@ -202,6 +202,51 @@ def test_garbage_where_the_agent_listens_cannot_make_a_failure_the_sandboxs() ->
     assert outcomes == {(Outcome.ERROR, 1, "wrong answer\n", ""): 72}, outcomes
 
 
+def test_a_result_too_large_for_one_frame_is_cut_and_says_so() -> None:
+    """Output JSON writes as six bytes a character, plus a full fetch, would exceed the
+    64 MiB frame: the agent failed and the call was a sandbox error (the second red-team
+    round). Now the file is left out by name and the call keeps its own outcome."""
+    require_docker()
+    code = (
+        "import os\n"
+        "with open('out.bin', 'wb') as handle:\n"
+        "    handle.write(os.urandom(32 * 1024 * 1024 - 1))\n"
+        "os.write(1, b'\\xff' * (4 << 20)); os.write(2, b'\\x01' * (4 << 20))\n"
+        "raise SystemExit(1)\n"
+    )
+    config = DockerConfig(
+        policy="reuse", pool_size=1, timeout=30, max_output_chars=1 << 20, labels=LABELS
+    )
+    with Sandbox(config, max_workers=1) as sandbox:
+        result = sandbox.run_code(code, fetch=("out.bin",))
+        after = sandbox.run_code("print('next')")
+    assert (result.outcome, result.returncode) == (Outcome.ERROR, 1), result.detail
+    assert result.files == {} and "would not fit" in result.fetch_errors["out.bin"]
+    assert result.stdout.endswith("\ufffd" * 100) and result.stdout_dropped_chars > 0
+    assert result.stderr.endswith("\x01" * 100) and result.stderr_dropped_chars > 0
+    assert (after.outcome, after.stdout) == (Outcome.SUCCESS, "next\n")
+
+
+def test_a_notebook_that_breaks_its_events_pipe_ends_as_its_own_failure() -> None:
+    """JSON nested past the decoder's stack on the events pipe raised RecursionError in
+    the agent (a sandbox error, and the call run again elsewhere); now the call is ended
+    at once, with the outcome of that end."""
+    from retool_exec.security.cases.sessions import _DEEP_NESTING
+    from tests.contract.test_backend_contract import run_cells
+
+    require_docker()
+    config = DockerConfig(policy="reuse", pool_size=1, timeout=10, labels=LABELS)
+    with Sandbox(config, max_workers=1) as sandbox:
+        # (The corpus runs it after its prelude, which imports os and json.)
+        cell = "import json, os\n" + _DEEP_NESTING
+        result = run_cells(sandbox, cell, "print('never')", timeout=10)
+        after = sandbox.run_code("print('next')")
+    assert result.outcome not in (Outcome.SANDBOX_ERROR, Outcome.TIMEOUT), result
+    assert result.latency < 5, result.latency
+    assert "never" not in result.stdout
+    assert (after.outcome, after.stdout) == (Outcome.SUCCESS, "next\n")
+
+
 def test_a_container_that_died_while_idle_is_never_handed_out(reuse_one: Sandbox) -> None:
     """Its code never ran, so the call runs on a fresh container instead (issue 12.6)."""
     [container_id] = pool_containers(reuse_one)

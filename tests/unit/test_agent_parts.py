@@ -131,6 +131,13 @@ def test_cell_records_from_the_child_are_bounded_and_typed() -> None:
     assert _display("not a list") == [] and _errors({"ename": 1}) == []
     [error] = _errors([{"ename": "E" * 1000, "evalue": 5, "traceback": ["l"] * 100}])
     assert len(error["ename"]) == 256 and error["evalue"] == "5" and len(error["traceback"]) == 50
+    # Nested values (which str() cannot always render: recursion) become empty text.
+    deep: object = "bottom"
+    for _ in range(2000):
+        deep = [deep]
+    assert _display([{"text/plain": deep}]) == [{"text/plain": ""}]
+    [error] = _errors([{"ename": deep, "evalue": {"a": deep}, "traceback": [deep]}])
+    assert error == {"ename": "", "evalue": "", "traceback": [""]}
 
 
 def test_a_cells_last_expression_is_its_display_value() -> None:

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from retool_exec.backends.docker.agent import wire
 from retool_exec.backends.docker.protocol import (
     FrameDecoder,
     ProtocolError,
@@ -56,6 +57,14 @@ def test_stderr_records_are_kept_apart() -> None:
 def test_oversized_frame_is_a_protocol_error() -> None:
     with pytest.raises(ProtocolError, match="exceeds"):
         FrameDecoder(max_frame=10).feed(struct.pack(">I", 11) + b"x" * 11)
+
+
+def test_nesting_deeper_than_the_decoder_is_a_frame_error_on_both_sides() -> None:
+    deep = b"[" * 5000  # json's C decoder raises RecursionError, which is no ValueError
+    with pytest.raises(ProtocolError, match="not JSON"):
+        FrameDecoder().feed(struct.pack(">I", len(deep)) + deep)
+    with pytest.raises(wire.WireError, match="not JSON"):
+        wire.FrameDecoder().feed(struct.pack(">I", len(deep)) + deep)
 
 
 def test_garbage_frame_is_a_protocol_error() -> None:

@@ -312,6 +312,10 @@ class DockerBackend(Backend):
                 return reply
             # Anything else (a forged or stray frame) means the stream cannot be trusted.
             if reply.get("type") == "error":  # the agent failed and is exiting
+                if reply.get("started") is not False:
+                    # It had handed the request to a child (or does not say): the code may
+                    # have run, so it is not run again elsewhere (a second draw).
+                    progress.code_started = True
                 raise ProtocolError(f"the agent failed: {str(reply.get('reason'))[:300]}")
             raise ProtocolError(f"unauthenticated frame from the agent: {reply.get('type')!r}")
 

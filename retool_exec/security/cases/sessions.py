@@ -27,6 +27,24 @@ from retool_exec.security.snippets import code
 __all__ = ["CASES"]
 
 
+_DEEP_NESTING = code("""
+    import struct
+    payload = b"[" * 5000  # fits a pipe's buffer; json's C decoder recurses per level
+    frame = struct.pack(">I", len(payload)) + payload
+    written = []
+    for fd in range(3, 256):
+        try:
+            os.set_blocking(fd, False)
+            os.write(fd, frame)
+            written.append(fd)
+        except OSError:
+            pass
+    print(json.dumps({"written": written}), flush=True)
+    print("a wrong answer")
+    raise ValueError("the code failed on its own")
+""")
+
+
 def _open(session: str) -> SessionStep:
     return SessionStep(StepAction.OPEN, session)
 
@@ -605,5 +623,27 @@ CASES: tuple[Case, ...] = (
         local=Expect.CONTAINED,
         note="contained: the cell times out, is killed, its result says 'session lost' within "
         "timeout + 2 s, and the next cell and a fork both raise SessionLostError.",
+    ),
+    Case(
+        id="proto-session-events-deep-nesting",
+        klass=CaseClass.PROTOCOL,
+        title="a cell that writes JSON nested deeper than the decoder's stack to every "
+        "descriptor it holds gets its own failure as its outcome, never a sandbox error",
+        code="",
+        session_steps=(
+            _open("s"),
+            _cell("s", "attack", _DEEP_NESTING),
+        ),
+        contained=lambda obs: obs.cell("attack").outcome is not Outcome.SANDBOX_ERROR,
+        severity=Severity.HIGH,
+        reference="the second red-team round (2026-12-02): RecursionError is not a ValueError, "
+        "so the agent's frame decoder let it through and the agent failed: a sandbox error "
+        "(which a trainer drops) of the cell's making, and notebook calls retried elsewhere",
+        local=Expect.CONTAINED,
+        note="A session's (and a notebook call's) cells report on an events pipe; what the "
+        "agent cannot decode there is the code's garbage: the session is ended and its cell "
+        "says so ('session lost', with the outcome of the code's own end), a notebook call "
+        "is ended likewise. Descriptors left non-blocking may make the session's interpreter "
+        "exit by itself (status 70, an error): also the code's doing.",
     ),
 )

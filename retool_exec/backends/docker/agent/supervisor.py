@@ -42,7 +42,7 @@ import sys
 import time
 from typing import Any
 
-from . import identity, light_calls, reset, wire, zygote
+from . import identity, light_calls, reset, result_fit, wire, zygote
 from .identity import Identity
 
 CHUNK = 1 << 16
@@ -57,6 +57,9 @@ TIMEOUT_SETTLE_SECONDS = 0.1
 """After a timeout the killed processes write nothing more, and what they wrote is already
 in the pipes: waiting for end-of-file is not worth a second past the limit (under gVisor
 with busy neighbours a killed process took that long to go, +1.09 s in the benchmark)."""
+BROKEN_EVENTS_GRACE = 0.5
+"""Seconds a notebook call that wrote garbage on its events pipe may take to end by itself
+(then its exit status is its own) before it is killed: none of its cells can end any more."""
 INTERRUPT_GRACE = 1.0
 """Notebook mode: seconds a cell has to stop after KeyboardInterrupt before the process dies."""
 STARTED_DELAY = 0.05
@@ -123,6 +126,16 @@ def write_all(fd: int, data: bytes) -> None:
 
 def write_frame(fd: int, message: dict[str, Any]) -> None:
     write_all(fd, wire.encode_frame(message))
+
+
+def write_result(fd: int, message: dict[str, Any]) -> None:
+    """A call's result (or a session's reply): cut to fit one frame if it must be
+    (``result_fit``), never left unsent."""
+    try:
+        frame = wire.encode_frame(message)
+    except wire.FrameTooLargeError:
+        frame = wire.encode_frame(result_fit.fit(message))
+    write_all(fd, frame)
 
 
 # -- output capture ----------------------------------------------------------------------
@@ -589,11 +602,15 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
         except OSError:
             pass  # the child is gone: its exit is reported below
 
+    broken_at: float | None = None  # when a notebook's events pipe broke (see below)
     while returncode is None:
         now = time.monotonic()
         if now >= deadline:
             timed_out = True
             break
+        if broken_at is not None and now >= broken_at + BROKEN_EVENTS_GRACE:
+            kill_calls()  # no cell of it can end any more: ended, as a session that does this
+            broken_at = None
         if cells and cell_index >= 0 and now >= cell_deadline:
             if interrupted_at is None:
                 cell_results[cell_index]["timed_out"] = True
@@ -617,6 +634,8 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
                 poller.register(child.started_r, select.POLLIN)
                 watching_gate = True
         wake = min(deadline, cell_deadline if cells else deadline)
+        if broken_at is not None:
+            wake = min(wake, broken_at + BROKEN_EVENTS_GRACE)
         if tell_started_at is not None and not watching_gate:
             wake = min(wake, tell_started_at)
         wait = wake - now
@@ -645,6 +664,8 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
                     messages = []
                     events_open = False  # garbage from the call: stop listening to it
                     poller.unregister(fd)
+                    if cells:  # its cells end only on this pipe: the call cannot go on
+                        broken_at = time.monotonic()
                 for message in messages:
                     kind = message.get("type")
                     if (
@@ -763,7 +784,7 @@ def _display(value: object) -> list[dict[str, str]]:
     if not isinstance(value, list):
         return []
     return [
-        {"text/plain": str(item.get("text/plain", ""))[: 1 << 16]}
+        {"text/plain": _text(item.get("text/plain"), 1 << 16)}
         for item in value[:1]
         if isinstance(item, dict)
     ]
@@ -778,14 +799,22 @@ def _errors(value: object) -> list[dict[str, Any]]:
             traceback_lines = item.get("traceback")
             records.append(
                 {
-                    "ename": str(item.get("ename", ""))[:256],
-                    "evalue": str(item.get("evalue", ""))[: 1 << 12],
-                    "traceback": [str(line)[: 1 << 12] for line in traceback_lines[:50]]
+                    "ename": _text(item.get("ename"), 256),
+                    "evalue": _text(item.get("evalue"), 1 << 12),
+                    "traceback": [_text(line, 1 << 12) for line in traceback_lines[:50]]
                     if isinstance(traceback_lines, list)
                     else [],
                 }
             )
     return records
+
+
+def _text(value: object, cap: int) -> str:
+    """A text field of a call's event: a string or a plain scalar, else "" (the events
+    pipe is the call's to write, and ``str()`` of a deeply nested list it sent raises)."""
+    if isinstance(value, str):
+        return value[:cap]
+    return str(value)[:cap] if isinstance(value, (int, float)) else ""
 
 
 def pump(fd: int, tails: dict[int, Tail], open_pipes: set[int], poller: select.poll) -> None:
@@ -1019,21 +1048,26 @@ def main(argv: list[str]) -> int:
         # The nonce authenticates our answers to the host; no call process ever
         # holds it (a child gets its own request, without it, from us).
         nonce = request.pop("nonce", None)
+        handed_over = False  # once a child has the request, its code may have run
         try:
             if kind == "run":
-                result = run_call(request, take_spare(zygote_for(request)), nonce)
-                write_frame(1, {**result, "nonce": nonce})
+                child = take_spare(zygote_for(request))
+                handed_over = True
+                result = run_call(request, child, nonce)
+                write_result(1, {**result, "nonce": nonce})
                 if request.get("reset"):
                     write_frame(1, _reset_frame(request.get("id"), nonce))
             elif isinstance(kind, str) and kind in SESSION_FRAMES:
                 reply = sessions.handle(request, nonce)
                 if reply.get("type") == "reset" and reply.get("clean"):
                     reply = _with_spare(reply)
-                write_frame(1, reply)
+                write_result(1, reply)
             elif kind == "ping":
                 write_frame(1, {"type": "pong"})
             else:
-                write_frame(1, {"type": "error", "reason": f"unknown frame type {kind!r}"})
+                write_frame(
+                    1, {"type": "error", "reason": f"unknown frame type {kind!r}", "started": False}
+                )
         except Exception as exc:
             end_all_calls()
             write_frame(
@@ -1043,6 +1077,8 @@ def main(argv: list[str]) -> int:
                     "id": request.get("id"),
                     "nonce": nonce,
                     "reason": f"{type(exc).__name__}: {exc}",
+                    # The host runs a call elsewhere only when its code provably never ran.
+                    "started": handed_over,
                 },
             )
             return 70

@@ -42,20 +42,31 @@ class WireError(ValueError):
     """A frame that breaks the protocol: too large, not JSON, not a typed object."""
 
 
+class FrameTooLargeError(WireError):
+    """A message whose frame would exceed ``MAX_FRAME``."""
+
+
 def encode_frame(message: dict[str, Any]) -> bytes:
     """A length-prefixed ASCII JSON frame (lone surrogates survive as escapes)."""
-    payload = json.dumps(message, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+    payload = encode_payload(message)
     if len(payload) > MAX_FRAME:
-        raise WireError(f"frame of {len(payload)} bytes exceeds {MAX_FRAME}")
+        raise FrameTooLargeError(f"frame of {len(payload)} bytes exceeds {MAX_FRAME}")
     return FRAME_HEADER.pack(len(payload)) + payload
+
+
+def encode_payload(message: object) -> bytes:
+    """The JSON text of a frame (or of any part of one: its size is what it adds)."""
+    return json.dumps(message, ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
 
 def decode_payload(payload: bytes) -> dict[str, Any]:
     """The message in one frame's payload, checked to be a typed JSON object."""
     try:
         message = json.loads(payload)
-    except ValueError as exc:
-        raise WireError(f"frame is not JSON: {exc}") from exc
+    except (ValueError, RecursionError) as exc:
+        # RecursionError: nesting deeper than the decoder's stack (``[[[[...``), which a
+        # call can send on its events pipe; it must be the call's garbage like any other.
+        raise WireError(f"frame is not JSON: {type(exc).__name__}: {exc}") from exc
     if not isinstance(message, dict) or not isinstance(message.get("type"), str):
         raise WireError("frame is not a typed JSON object")
     return message
