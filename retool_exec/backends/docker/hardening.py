@@ -60,6 +60,14 @@ GVISOR_PIDS_HEADROOM = 1024
 """Host threads gVisor's sentry may need beyond the sandbox's own processes."""
 
 
+NETWORK_SYSCTLS = {"net.ipv4.tcp_no_metrics_save": "1", "net.ipv4.tcp_fastopen": "0"}
+"""Caches of the container's network namespace that outlive every process and that the
+kernel does not list: a closed TCP connection's metrics (keyed by the address, which a
+call picks among 127.0.0.0/8) and Fast Open cookies. A call could write them and the
+next call read them back by netlink; the reset cannot count what it cannot list, so
+they are never kept. Both are per namespace; gVisor accepts them too."""
+
+
 def agent_arguments(
     preload_modules: tuple[str, ...] | list[str],
     sandbox_user: str = SANDBOX_USER,
@@ -151,6 +159,7 @@ def container_spec(
         "init": False,  # the supervisor is PID 1: it reaps, and unlike docker-init is undumpable
         "oom_kill_disable": False,
         "auto_remove": False,
+        "sysctls": dict(NETWORK_SYSCTLS),
     }
     if config.runtime:
         host_config["runtime"] = config.runtime

@@ -42,6 +42,56 @@ _RANDOM = code("""
 """)
 
 
+_NETLINK_TOOLS = """
+    import socket, struct
+
+    def netlink(sock, family, command, attributes=b"", flags=0x301):
+        body = struct.pack("BBH", command, 1, 0) + attributes
+        sock.send(struct.pack("=IHHII", 16 + len(body), family, flags, 1, 0) + body)
+        messages = []
+        while True:
+            data, offset = sock.recv(1 << 16), 0
+            while offset < len(data):
+                length, kind = struct.unpack_from("=IH", data, offset)
+                if kind == 3:  # NLMSG_DONE
+                    return messages
+                if kind == 2:  # NLMSG_ERROR (0: an acknowledgement)
+                    error = struct.unpack_from("=i", data, offset + 16)[0]
+                    if error:
+                        raise OSError(-error, os.strerror(-error))
+                    return messages
+                messages.append(data[offset + 20 : offset + length])
+                offset += (length + 3) & ~3
+            if not flags & 0x300:
+                return messages
+
+    def attributes(data):
+        found, offset = {}, 0
+        while offset + 4 <= len(data):
+            length, kind = struct.unpack_from("HH", data, offset)
+            if length < 4:
+                break
+            found.setdefault(kind & 0x3FFF, []).append(data[offset + 4 : offset + length])
+            offset += (length + 3) & ~3
+        return found
+
+    def attribute(kind, value):
+        return struct.pack("HH", 4 + len(value), kind) + value + b"\\0" * (-len(value) % 4)
+
+    def tcp_metrics_addresses():
+        \"\"\"The IPv4 addresses the kernel keeps TCP metrics for, in this network namespace.\"\"\"
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 16) as sock:  # generic netlink
+            reply = netlink(sock, 0x10, 3, attribute(2, b"tcp_metrics\\0"), flags=1)
+            family = struct.unpack("H", attributes(reply[0])[1][0][:2])[0]
+            return family, [socket.inet_ntoa(found[1][0])
+                            for found in map(attributes, netlink(sock, family, 1)) if 1 in found]
+"""
+"""A call's own generic-netlink client: lists (and, with privilege, deletes) TCP metrics."""
+
+_TCP_METRICS_NET = "127.77"
+"""The addresses the case's connections come from (all loopback: 127.0.0.0/8)."""
+
+
 def _file_left_behind(case_id: str, directory: str, reference: str) -> Case:
     """Call N writes a file in ``directory``; call N+1 must not find it."""
     return Case(
@@ -314,5 +364,131 @@ CASES: tuple[Case, ...] = (
         local=Expect.CONTAINED,
         note="The follow-up's code names no preloaded module and imports only the standard "
         "library: under reuse it must fork from the light zygote whatever call N wanted.",
+    ),
+    Case(
+        id="iso-tcp-metrics",
+        klass=CaseClass.ISOLATION,
+        title="TCP metrics saved for addresses call N connected from do not reach call N+1",
+        code=code(_NETLINK_TOOLS)
+        + code(f"""
+            LINGER_NONE = struct.pack("ii", 1, 0)
+
+            def plant(address):
+                # The passive closer saves metrics for its peer's address; then the active
+                # closer's TIME_WAIT is ended (RFC 1337), so no socket is left to count.
+                listener = socket.socket()
+                listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                listener.bind(("127.0.0.1", 0))
+                listener.listen()
+                port = listener.getsockname()[1]
+                client = socket.socket()
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                client.bind((address, 0))
+                client.connect(("127.0.0.1", port))
+                client_port = client.getsockname()[1]
+                server, _ = listener.accept()
+                server.sendall(b"x" * 100)
+                client.recv(100)
+                client.sendall(b"y" * 100)
+                server.recv(100)
+                client.close()
+                server.recv(10)
+                server.close()
+                time.sleep(0.02)
+                listener.close()
+                assassin_listener = socket.socket()
+                assassin_listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                assassin_listener.bind((address, client_port))
+                assassin_listener.listen()
+                assassin = socket.socket()
+                assassin.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                assassin.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, LINGER_NONE)
+                assassin.bind(("127.0.0.1", port))
+                assassin.setblocking(False)
+                assassin.connect_ex((address, client_port))
+                time.sleep(0.02)
+                assassin_listener.setblocking(False)
+                try:
+                    accepted, _ = assassin_listener.accept()
+                    accepted.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, LINGER_NONE)
+                    accepted.close()
+                except BlockingIOError:
+                    pass
+                assassin.close()
+                assassin_listener.close()
+
+            secret = TOKEN.encode()[:4]
+            planted = []
+            for index in range(2):
+                address = f"{_TCP_METRICS_NET}.{{index}}.{{secret[index]}}"
+                try:
+                    plant(address)
+                    planted.append(address)
+                except OSError as exc:
+                    planted.append(why(exc))
+            try:
+                seen = tcp_metrics_addresses()[1]
+            except (OSError, KeyError, IndexError) as exc:
+                seen = why(exc)
+            report(planted=planted, seen_by_call_n=seen)
+        """),
+        follow_up=code(_NETLINK_TOOLS)
+        + code(f"""
+            try:
+                family, seen = tcp_metrics_addresses()
+            except (OSError, KeyError, IndexError) as exc:
+                family, seen = None, []
+            present = [address for address in seen if address.startswith("{_TCP_METRICS_NET}.")]
+            for address in present:  # remove them where they were found (needs CAP_NET_ADMIN)
+                try:
+                    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 16) as sock:
+                        netlink(sock, family, 2, attribute(1, socket.inet_aton(address)), 5)
+                except OSError:
+                    pass
+            report(present=present)
+        """),
+        contained=_absent,
+        severity=Severity.MEDIUM,
+        reference="the second red-team round (2026-12-02): the kernel keeps a closed "
+        "connection's metrics per network namespace, keyed by an address the call chose, and "
+        "an unprivileged netlink dump lists them; the reset did not see them",
+        note="Under runc the container's sysctls turn the cache off (net.ipv4."
+        "tcp_no_metrics_save); gVisor has no tcp_metrics netlink family. All addresses are "
+        "loopback: the connections go to a listener the call opens on 127.0.0.1.",
+    ),
+    Case(
+        id="iso-ip6-flowlabel",
+        klass=CaseClass.ISOLATION,
+        title="an IPv6 flow label call N leaves lingering (its destination chosen by the call) "
+        "is not there in call N+1",
+        code=code("""
+            import hashlib, socket, struct
+            destination = hashlib.md5(TOKEN.encode()).digest()  # 16 bytes of the call's choice
+            request = destination + struct.pack(">I", 0x5A5A5) + struct.pack(
+                "=BBHHHI", 0, 255, 1, 30, 30, 0)  # get, share with anyone, create; linger 30 s
+            with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as sock:
+                try:
+                    sock.setsockopt(socket.IPPROTO_IPV6, 32, request)  # IPV6_FLOWLABEL_MGR
+                    made = True
+                except OSError as exc:
+                    made = why(exc)
+            report(made=made)
+        """),
+        follow_up=code("""
+            import hashlib
+            marker = hashlib.md5(TOKEN.encode()).hexdigest()
+            try:
+                with open("/proc/net/ip6_flowlabel") as handle:
+                    present = [line.split()[0] for line in handle if marker in line]
+            except OSError:
+                present = []
+            report(present=present)
+        """),
+        contained=_absent,
+        severity=Severity.MEDIUM,
+        reference="the second red-team round (2026-12-02): a flow label outlives its socket "
+        "for its linger time, listed with its destination in /proc/net/ip6_flowlabel",
+        note="The reset counts the namespace's flow labels against its baseline: a container "
+        "holding one more is retired, so call N+1 runs elsewhere. gVisor lists none.",
     ),
 )

@@ -42,6 +42,11 @@ NET_TABLES = ("tcp", "tcp6", "udp", "udp6", "raw", "raw6", "unix", "packet")
 """Read where there is no ``sockstat`` (gVisor). Under runc the tcp tables walk the
 host's whole hash table (1.5 ms each even when empty), so ``sockstat`` is used."""
 SOCKSTAT_FILES = ("/proc/net/sockstat", "/proc/net/sockstat6")
+LINGERING_TABLES = {"ip6_flowlabel": "IPv6 flow label(s)"}
+"""Network namespace objects that outlive the socket that made them (a flow label
+lingers up to 150 s, and the next call can list it or join it): counted like sockets.
+Those the kernel does not list (TCP metrics, Fast Open cookies) are switched off by
+the container's sysctls (``hardening.NETWORK_SYSCTLS``)."""
 MEMINFO_KEYS = ("AnonPages", "Shmem")
 CGROUP_V2_KEYS = ("anon", "shmem", "sock")
 CGROUP_V1_KEYS = ("rss", "shmem")
@@ -368,6 +373,8 @@ def measure() -> dict[str, object]:
     else:
         for table in NET_TABLES:
             facts[f"net:{table}"] = _net_entries(table)
+    for table in LINGERING_TABLES:
+        facts[f"net:{table}"] = _net_entries(table)  # None where there is no such file
     facts["memory"] = held_memory()
     facts["fds"] = open_descriptors()
     return facts
@@ -390,7 +397,8 @@ def compare(baseline: dict[str, object], now: dict[str, object]) -> list[str]:
         before, after = baseline.get(key), now.get(key)
         name = key.removeprefix("net:")
         if isinstance(before, int) and isinstance(after, int) and after > before:
-            problems.append(f"{after - before} {name} socket(s) left")
+            noun = LINGERING_TABLES.get(name, f"{name} socket(s)")
+            problems.append(f"{after - before} {noun} left")
         elif isinstance(before, int) and not isinstance(after, int):
             problems.append(f"socket count {name} unreadable")
     before_memory, after_memory = baseline.get("memory"), now.get("memory")
