@@ -247,6 +247,39 @@ def test_a_notebook_that_breaks_its_events_pipe_ends_as_its_own_failure() -> Non
     assert (after.outcome, after.stdout) == (Outcome.SUCCESS, "next\n")
 
 
+def test_a_notebook_that_stops_taking_cells_times_out_on_time_and_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Cell 0 forges its own end (its token is a local of the runner's frame) and never
+    reads again; cell 1 is larger than the socket's buffer. The agent's blocking send
+    held it past every deadline: a sandbox error 10.8 s after a 3 s timeout, and the
+    code run a second time on another container (the second red-team round)."""
+    from tests.contract.test_backend_contract import run_cells
+
+    forge_and_stall = (
+        "import json, os, struct, sys, time\n"
+        "frame = sys._getframe()\n"
+        "while 'token' not in frame.f_locals:\n"
+        "    frame = frame.f_back\n"
+        "end = {'type': 'cell_end', 'index': 0, 'token': frame.f_locals['token'],\n"
+        "       'display': [], 'error': []}\n"
+        "payload = json.dumps(end).encode()\n"
+        "os.write(3, struct.pack('>I', len(payload)) + payload)\n"
+        "time.sleep(1000)\n"
+    )
+    big_cell = "x = 1\n# " + "A" * 600_000 + "\nprint('cell 1 ran')\n"
+    require_docker()
+    config = DockerConfig(policy="reuse", pool_size=2, timeout=10, labels=LABELS)
+    with caplog.at_level("WARNING"), Sandbox(config, max_workers=1) as sandbox:
+        sandbox.run_code("pass")  # the pool is up: the latency below is the call's own
+        result = run_cells(sandbox, forge_and_stall, big_cell, timeout=3)
+        after = sandbox.run_code("print('next')")
+    assert result.outcome is Outcome.TIMEOUT, result
+    assert result.latency < 3 + 1.0, result.latency
+    assert "retrying" not in caplog.text
+    assert (after.outcome, after.stdout) == (Outcome.SUCCESS, "next\n")
+
+
 def test_a_container_that_died_while_idle_is_never_handed_out(reuse_one: Sandbox) -> None:
     """Its code never ran, so the call runs on a fresh container instead (issue 12.6)."""
     [container_id] = pool_containers(reuse_one)

@@ -45,6 +45,43 @@ _DEEP_NESTING = code("""
 """)
 
 
+_STOP_AFTER_CELL = code("""
+    import signal, threading
+    main = threading.main_thread().ident
+
+    def in_a_cell():
+        frame = sys._current_frames().get(main)
+        while frame is not None:
+            if frame.f_code.co_filename.startswith("<cell"):
+                return True
+            frame = frame.f_back
+        return False
+
+    def waiting():
+        with open(f"/proc/self/task/{os.getpid()}/stat") as handle:
+            return handle.read().rpartition(")")[2].split()[0] == "S"
+
+    def stop_when_the_cell_is_over():
+        # Once this cell has ended and the main thread waits for the next one: stop.
+        while in_a_cell() or not waiting():
+            time.sleep(0.0005)
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+    threading.Thread(target=stop_when_the_cell_is_over, daemon=True).start()
+    report(stopping=True)
+""")
+
+_BIG_CELL = "x = 1\n# " + "A" * 400_000 + "\nprint('the big cell ran')\n"
+"""Larger than a unix socket's buffer: its send blocks until the process reads it."""
+
+_BIG_CELL_TIMEOUT = 3.0
+
+
+def _big_cell_timed_out(obs: Observation) -> bool:
+    cell = obs.cell("big")
+    return cell.outcome is Outcome.TIMEOUT and cell.latency <= _BIG_CELL_TIMEOUT + 1.5
+
+
 def _open(session: str) -> SessionStep:
     return SessionStep(StepAction.OPEN, session)
 
@@ -645,5 +682,31 @@ CASES: tuple[Case, ...] = (
         "says so ('session lost', with the outcome of the code's own end), a notebook call "
         "is ended likewise. Descriptors left non-blocking may make the session's interpreter "
         "exit by itself (status 70, an error): also the code's doing.",
+    ),
+    Case(
+        id="proto-session-stops-reading",
+        klass=CaseClass.PROTOCOL,
+        title="a session whose process stops reading its cells gets a timeout for the next "
+        "cell, on time, never a sandbox error",
+        code="",
+        session_steps=(
+            _open("s"),
+            _cell("s", "stop", _STOP_AFTER_CELL),
+            SessionStep(
+                StepAction.CELL, "s", code=_BIG_CELL, name="big", timeout=_BIG_CELL_TIMEOUT
+            ),
+        ),
+        contained=_big_cell_timed_out,
+        severity=Severity.HIGH,
+        reference="the second red-team round (2026-12-02): the agent sent the next cell with "
+        "a blocking send, so a process that no longer read (stopped, or its loop patched) held "
+        "the agent past every deadline: a sandbox error and, for a notebook call, a second run",
+        exclusive=True,
+        local=Expect.NOT_APPLICABLE,
+        local_reason="the local backend's sessions have no agent that sends cells; its "
+        "outcome races the stop (seen both ways)",
+        note="The first cell leaves a thread that stops its own process once the cell is "
+        "over; the next cell is larger than the socket's buffer. Contained: that cell ends "
+        "as a timeout within its timeout + 1.5 s.",
     ),
 )

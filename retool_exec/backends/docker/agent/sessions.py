@@ -19,7 +19,6 @@ baseline; answered by a ``reset`` frame).
 
 from __future__ import annotations
 
-import array
 import os
 import select
 import signal
@@ -129,8 +128,9 @@ def fork_session(sid: int, new_sid: int) -> dict[str, Any]:
     events_r, events_w = os.pipe()
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        _send(parent, {"type": "fork", "workdir": workdir(new_sid)}, [events_w, theirs.fileno()])
-    except OSError as exc:
+        message = {"type": "fork", "workdir": workdir(new_sid)}
+        _send(parent, message, [events_w, theirs.fileno()], time.monotonic() + START_BUDGET)
+    except OSError as exc:  # (TimeoutError too: a parent that no longer reads is no use)
         os.close(events_r)
         ours.close()
         parent.lost = f"the session's process is gone ({exc})"
@@ -157,13 +157,12 @@ def close_session(sid: int) -> None:
     _collect(process.pid)
 
 
-def _send(process: SessionProcess, message: dict[str, Any], fds: list[int]) -> None:
-    frame = wire.encode_for_call(message)
-    process.request.sendmsg(
-        [frame[: wire.FRAME_HEADER.size]],
-        [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))],
-    )
-    process.request.sendall(frame[wire.FRAME_HEADER.size :])
+def _send(
+    process: SessionProcess, message: dict[str, Any], fds: list[int], deadline: float
+) -> None:
+    """To the session's process by ``deadline`` (``supervisor.send_to_call``: the process
+    that reads it has run the session's code); TimeoutError when it does not take it."""
+    sv.send_to_call(process.request, wire.encode_for_call(message), fds, deadline)
 
 
 def _wait_started(child: sv.Child) -> bool:
@@ -266,9 +265,14 @@ def run_cell(sid: int, request: dict[str, Any]) -> dict[str, Any]:
     token = os.urandom(16).hex()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
+    undeliverable = False
     try:
         cell_frame = {"type": "cell", "code": str(request.get("code", "")), "token": token}
-        _send(process, cell_frame, [out_w, err_w])
+        _send(process, cell_frame, [out_w, err_w], deadline)
+    except TimeoutError:
+        undeliverable = True  # it stopped taking cells (its code saw to it): time is up
+        sv.signal_call(process.pid, signal.SIGKILL)
+        process.lost = f"the session's process did not take its cell within {timeout:g} s"
     except OSError as exc:
         process.lost = f"the session's process is gone ({exc})"
     finally:
@@ -346,7 +350,9 @@ def run_cell(sid: int, request: dict[str, Any]) -> dict[str, Any]:
                 "timed_out": cell_timed_out,
             }
         ]
-    result["timed_out"] = cell_timed_out or (process.lost is not None and interrupted)
+    result["timed_out"] = (
+        cell_timed_out or undeliverable or (process.lost is not None and interrupted)
+    )
     out, err = tails[out_r], tails[err_r]
     result.update(
         stdout=out.text(),

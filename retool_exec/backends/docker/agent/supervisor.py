@@ -128,6 +128,25 @@ def write_frame(fd: int, message: dict[str, Any]) -> None:
     write_all(fd, wire.encode_frame(message))
 
 
+def send_to_call(sock: socket.socket, frame: bytes, fds: list[int], deadline: float) -> None:
+    """Send ``frame`` to a call's process, its header carrying ``fds``, by ``deadline``.
+
+    Why a deadline: once a cell has run, the process reading this socket is the
+    call's to stop (or to patch), and a frame larger than the socket's buffer would
+    block the agent past every deadline. Raises TimeoutError when it is not taken
+    in time (the frame may be half sent: the caller ends the process).
+    """
+    sock.settimeout(max(0.001, deadline - time.monotonic()))
+    try:
+        sock.sendmsg(
+            [frame[: wire.FRAME_HEADER.size]],
+            [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))],
+        )
+        sock.sendall(frame[wire.FRAME_HEADER.size :])  # (the timeout bounds the whole send)
+    finally:
+        sock.settimeout(None)
+
+
 def write_result(fd: int, message: dict[str, Any]) -> None:
     """A call's result (or a session's reply): cut to fit one frame if it must be
     (``result_fit``), never left unsent."""
@@ -553,9 +572,11 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
     events_open = True
     tell_started_at: float | None = started + STARTED_DELAY  # None once told (or never can be)
     watching_gate = False  # past tell_started_at without a mark: woken by the gate itself
+    undeliverable = False  # a cell could not be sent by its deadline (start_cell)
 
     def start_cell(index: int) -> None:
-        nonlocal tails, open_pipes, cell_deadline, interrupted_at
+        """Send cell ``index``; by the cell's deadline, else the call has timed out."""
+        nonlocal tails, open_pipes, cell_deadline, interrupted_at, undeliverable
         for fd in list(open_pipes):
             drain_pipe(fd, tails, open_pipes, poller, close=True)
         out_r, out_w = os.pipe()
@@ -565,18 +586,10 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
         events = wire.FrameDecoder(max_frame=1 << 20)  # a half frame left by a cell is dropped
         if index > 0:  # ... and so is whatever an earlier cell wrote after its end
             zygote.discard_pending(child.events_r)
+            announce_started()  # an earlier cell ended: the code ran; say so before waiting
         frame = wire.encode_for_call(
             {"type": "cell", "index": index, "code": cells[index], "token": cell_token}
         )
-        try:
-            child.request.sendmsg(
-                [frame[: wire.FRAME_HEADER.size]],
-                [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [out_w, err_w]))],
-            )
-            child.request.sendall(frame[wire.FRAME_HEADER.size :])
-        finally:
-            os.close(out_w)
-            os.close(err_w)
         tails = {out_r: Tail(cap), err_r: Tail(cap)}
         open_pipes = {out_r, err_r}
         for fd in (out_r, err_r):
@@ -594,6 +607,27 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
         limit = float(cell_timeout) if cell_timeout else timeout
         cell_deadline = min(deadline, time.monotonic() + limit)
         interrupted_at = None
+        try:
+            send_to_call(child.request, frame, [out_w, err_w], cell_deadline)
+        except TimeoutError:
+            cell_results[index]["timed_out"] = True
+            undeliverable = True  # the process stopped taking its cells: its time is up
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+
+    def announce_started() -> None:
+        """Tell the host the code started, once it did (a call that did must never be run
+        again elsewhere); until the gate says so, leave it to the loop below."""
+        nonlocal tell_started_at, watching_gate
+        if tell_started_at is None or not (child.check_started() or child.gate_closed):
+            return
+        if child.code_started:
+            write_frame(1, {"type": "started", "id": request.get("id"), "nonce": nonce})
+        tell_started_at = None
+        if watching_gate:
+            poller.unregister(child.started_r)
+            watching_gate = False
 
     if cells:
         try:
@@ -605,7 +639,7 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
     broken_at: float | None = None  # when a notebook's events pipe broke (see below)
     while returncode is None:
         now = time.monotonic()
-        if now >= deadline:
+        if now >= deadline or undeliverable:
             timed_out = True
             break
         if broken_at is not None and now >= broken_at + BROKEN_EVENTS_GRACE:
@@ -621,16 +655,10 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
                 timed_out = True  # the cell did not stop: the process goes
                 break
         if tell_started_at is not None and now >= tell_started_at:
-            # Still running: once its code started, tell the host (such a call must not be
-            # run again elsewhere); until then the gate's own write or end wakes us.
-            if child.check_started() or child.gate_closed:
-                if child.code_started:
-                    write_frame(1, {"type": "started", "id": request.get("id"), "nonce": nonce})
-                tell_started_at = None
-                if watching_gate:
-                    poller.unregister(child.started_r)
-                    watching_gate = False
-            elif not watching_gate:
+            # Still running: once its code started, tell the host; until then the gate's
+            # own write or end wakes us.
+            announce_started()
+            if tell_started_at is not None and not watching_gate:
                 poller.register(child.started_r, select.POLLIN)
                 watching_gate = True
         wake = min(deadline, cell_deadline if cells else deadline)
