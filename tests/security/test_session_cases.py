@@ -41,13 +41,15 @@ def _case(case_id: str) -> Case:
     return next(case for case in CORPUS if case.id == case_id)
 
 
-def test_the_five_session_cases_are_in_the_corpus() -> None:
+def test_the_session_cases_are_in_the_corpus() -> None:
     assert {case.id for case in SESSION_CASES} == {
         "iso-session-other-family",
         "iso-session-fork-private",
         "iso-session-family-end",
         "proto-session-forged-cell",
         "res-session-ignores-interrupt",
+        "proto-session-events-deep-nesting",
+        "proto-session-stops-reading",
     }
     for case in SESSION_CASES:
         assert case.exclusive  # a family holds a container: not beside other cases

@@ -78,7 +78,7 @@ _BIG_CELL_TIMEOUT = 3.0
 
 
 def _big_cell_timed_out(obs: Observation) -> bool:
-    cell = obs.cell("big")
+    cell = obs.cell("attack")
     return cell.outcome is Outcome.TIMEOUT and cell.latency <= _BIG_CELL_TIMEOUT + 1.5
 
 
@@ -673,6 +673,7 @@ CASES: tuple[Case, ...] = (
         ),
         contained=lambda obs: obs.cell("attack").outcome is not Outcome.SANDBOX_ERROR,
         severity=Severity.HIGH,
+        exclusive=True,
         reference="the second red-team round (2026-12-02): RecursionError is not a ValueError, "
         "so the agent's frame decoder let it through and the agent failed: a sandbox error "
         "(which a trainer drops) of the cell's making, and notebook calls retried elsewhere",
@@ -693,12 +694,12 @@ CASES: tuple[Case, ...] = (
             _open("s"),
             _cell("s", "stop", _STOP_AFTER_CELL),
             SessionStep(
-                StepAction.CELL, "s", code=_BIG_CELL, name="big", timeout=_BIG_CELL_TIMEOUT
+                StepAction.CELL, "s", code=_BIG_CELL, name="attack", timeout=_BIG_CELL_TIMEOUT
             ),
         ),
         contained=_big_cell_timed_out,
         severity=Severity.HIGH,
-        reference="the second red-team round (2026-12-02): the agent sent the next cell with "
+        reference="the third red-team round (2026-12-02): the agent sent the next cell with "
         "a blocking send, so a process that no longer read (stopped, or its loop patched) held "
         "the agent past every deadline: a sandbox error and, for a notebook call, a second run",
         exclusive=True,
