@@ -280,6 +280,33 @@ def test_a_notebook_that_stops_taking_cells_times_out_on_time_and_once(
     assert (after.outcome, after.stdout) == (Outcome.SUCCESS, "next\n")
 
 
+def test_code_too_large_once_encoded_is_rejected_before_any_container(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """12 million 'é' are under the character limit but 72 MB as ASCII JSON: the host
+    failed to send the frame, retired the container, retried on another and returned
+    a sandbox error 14 s later (the fourth red-team round). Now: rejected, no container
+    touched, in a call as in a session cell (the session stays)."""
+    require_docker()
+    code = "print('hi')\n#" + "\u00e9" * 12_000_000 + "\n"
+    config = DockerConfig(policy="reuse", pool_size=1, timeout=10, labels=LABELS)
+    with caplog.at_level("WARNING"), Sandbox(config, max_workers=1) as sandbox:
+        sandbox.run_code("pass")
+        [container] = pool_containers(sandbox)
+        result = sandbox.run_code(code)
+        assert pool_containers(sandbox) == [container]  # none retired for it
+        with sandbox.session() as session:
+            session.run_code("kept = 41")
+            cell = session.run_code(code)
+            after_cell = session.run_code("print(kept + 1)")
+        after = sandbox.run_code("print('next')")
+    assert (result.outcome, result.detail) == (Outcome.REJECTED, "request too large"), result
+    assert "bytes as sent to the sandbox" in result.stderr
+    assert (cell.outcome, after_cell.stdout) == (Outcome.REJECTED, "42\n")
+    assert (after.outcome, after.stdout) == (Outcome.SUCCESS, "next\n")
+    assert "retrying" not in caplog.text
+
+
 def test_a_container_that_died_while_idle_is_never_handed_out(reuse_one: Sandbox) -> None:
     """Its code never ran, so the call runs on a fresh container instead (issue 12.6)."""
     [container_id] = pool_containers(reuse_one)

@@ -25,6 +25,7 @@ from retool_exec._models import CellResult, ExecResult, Outcome, classify_exit
 from retool_exec._output import finish_stream, read_cap_bytes
 from retool_exec.backends.base import Backend, RunRequest, SessionHandle
 from retool_exec.backends.config import DockerConfig
+from retool_exec.backends.docker import frame_limit
 from retool_exec.backends.docker.agent import wire
 from retool_exec.backends.docker.client import connect, retry_docker
 from retool_exec.backends.docker.containers import (
@@ -177,6 +178,10 @@ class DockerBackend(Backend):
         pool = self._pool
         if pool is None:  # closed: a call still queued must not start a pool of its own
             return self._failure(started, "the Docker backend was closed")
+        frame = self._run_frame(request)
+        too_large = frame_limit.encoded_size_if_too_large(frame, frame_limit.upper_bound(request))
+        if too_large is not None:
+            return frame_limit.rejected(too_large, self.name, time.perf_counter() - started)
         for attempt in range(1 + RETRIES_BEFORE_START):
             try:
                 container = await pool.acquire(self.config.start_timeout)
@@ -185,7 +190,7 @@ class DockerBackend(Backend):
             waited = time.perf_counter() - started
             progress = CallProgress()
             try:
-                reply = await self._call(container, request, progress)
+                reply = await self._call(container, request, progress, frame)
             except (TimeoutError, ProtocolError) as exc:
                 # A stream that ended may be gVisor killing the sandbox for memory; a silent
                 # agent (frozen, or wedged) is still running, so there is nothing to ask.
@@ -262,16 +267,10 @@ class DockerBackend(Backend):
         """Whether Docker saw ``container`` killed for memory (after its stream ended)."""
         return self._factory is not None and await self._factory.oom_killed(container.id)
 
-    async def _call(
-        self, container: SandboxContainer, request: RunRequest, progress: CallProgress | None = None
-    ) -> dict[str, Any]:
-        container.next_id += 1
-        call_id = container.next_id
-        container.nonce = secrets.token_hex(16)
+    def _run_frame(self, request: RunRequest) -> dict[str, Any]:
+        """The call's frame to the agent, but for its id and nonce (``_call`` adds them)."""
         frame: dict[str, Any] = {
             "type": "run",
-            "id": call_id,
-            "nonce": container.nonce,
             "code": request.code,
             "timeout": request.timeout,
             "cpu_seconds": request.cpu_seconds,
@@ -294,8 +293,26 @@ class DockerBackend(Backend):
         if request.cells:
             frame["cells"] = list(request.cells)
             frame["cell_timeout"] = request.cell_timeout
+        return frame
+
+    async def _call(
+        self,
+        container: SandboxContainer,
+        request: RunRequest,
+        progress: CallProgress | None = None,
+        frame: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        container.next_id += 1
+        call_id = container.next_id
+        container.nonce = secrets.token_hex(16)
+        frame = {
+            **(frame or self._run_frame(request)),
+            "id": call_id,
+            "nonce": container.nonce,
+        }
         progress = progress or CallProgress()
         sent = time.monotonic()
+
         deadline = sent + request.timeout + self.config.host_grace
         start_deadline = min(deadline, sent + START_GRACE)
         await container.channel.send(frame, timeout=START_GRACE)

@@ -26,6 +26,7 @@ from retool_exec._errors import SessionError, SessionLostError
 from retool_exec._models import ExecResult, Outcome, classify_exit
 from retool_exec._output import read_cap_bytes
 from retool_exec.backends.base import SessionHandle
+from retool_exec.backends.docker import frame_limit
 from retool_exec.backends.docker.backend import streams
 from retool_exec.backends.docker.containers import SandboxContainer
 from retool_exec.backends.docker.protocol import ProtocolError
@@ -164,6 +165,10 @@ class DockerSession(SessionHandle):
             "timeout": timeout,
             "read_cap": read_cap_bytes(config.max_output_chars),
         }
+        bound = frame_limit.ASCII_JSON_BYTES_PER_CHAR * len(code) + frame_limit.FIELD_OVERHEAD * 8
+        too_large = frame_limit.encoded_size_if_too_large(frame, bound)
+        if too_large is not None:  # the cell's own outcome; the session stays as it was
+            return frame_limit.rejected(too_large, self.name, time.perf_counter() - started)
         try:
             reply = await self.family.request(
                 frame, "result", timeout + INTERRUPT_GRACE + config.host_grace
