@@ -863,13 +863,19 @@ def pump(fd: int, tails: dict[int, Tail], open_pipes: set[int], poller: select.p
 def drain_pipe(
     fd: int, tails: dict[int, Tail], open_pipes: set[int], poller: select.poll, close: bool
 ) -> None:
-    """Take what is already in a pipe without waiting for its writers; then close it."""
+    """Take what is already in a pipe without waiting for its writers; then close it.
+
+    At most ``zygote.DRAIN_LIMIT`` bytes: a writer of the call that is still running
+    could otherwise refill the pipe as fast as it is read, and this never return.
+    """
     os.set_blocking(fd, False)
+    taken = 0
     try:
-        while True:
+        while taken < zygote.DRAIN_LIMIT:
             data = os.read(fd, CHUNK)
             if not data:
                 break
+            taken += len(data)
             tails[fd].feed(data)
     except OSError:
         pass

@@ -290,11 +290,21 @@ def _fork_one(control: socket.socket, wake_r: int, wake_w: int) -> None:
     control.send(b"P" + PID_STATUS.pack(pid, 0))
 
 
+DRAIN_LIMIT = 4 << 20
+"""Bytes taken from a pipe "as it is now" at most: four times the largest pipe an
+unprivileged writer can ask for (``fs.pipe-max-size``, 1 MiB), so a pipe is emptied,
+and a writer that refills it as fast as it is read cannot keep the reader there."""
+
+
 def discard_pending(fd: int) -> None:
     """Drop whatever a non-blocking pipe holds now (a wakeup pipe, what a cell left)."""
+    taken = 0
     try:
-        while os.read(fd, 4096):
-            pass
+        while taken < DRAIN_LIMIT:
+            data = os.read(fd, 4096)
+            if not data:
+                break
+            taken += len(data)
     except OSError:
         pass  # BlockingIOError: it is empty
 
