@@ -143,6 +143,8 @@ def send_to_call(sock: socket.socket, frame: bytes, fds: list[int], deadline: fl
             [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))],
         )
         sock.sendall(frame[wire.FRAME_HEADER.size :])  # (the timeout bounds the whole send)
+    except socket.timeout as exc:  # noqa: UP041 - an OSError, no TimeoutError, before 3.10
+        raise TimeoutError(f"not taken within its deadline: {exc}") from exc
     finally:
         sock.settimeout(None)
 
