@@ -15,7 +15,9 @@ import enum
 import signal
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from retool_exec._text import utf8_safe
 
 __all__ = ["CellResult", "ExecResult", "Outcome", "classify_exit"]
 
@@ -66,6 +68,14 @@ class CellResult(BaseModel):
     """The cell ran to its end (False: the process died, exited or timed out in it)."""
     timed_out: bool = False
     """The cell's own time limit passed (it was interrupted, or the process was killed)."""
+
+    @field_validator("display", "error", mode="after")
+    @classmethod
+    def _utf8_safe(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """A value's repr and an exception's text are the code's to make, lone surrogates
+        included; the record a trainer tokenizes and a server serialises must be UTF-8."""
+        safe: list[dict[str, Any]] = utf8_safe(value)  # type: ignore[assignment]
+        return safe
 
 
 class ExecResult(BaseModel):
@@ -126,6 +136,14 @@ class ExecResult(BaseModel):
         if "outcome" not in data and {"timed_out", "returncode"} <= data.keys():
             data["outcome"] = classify_exit(data["returncode"], timed_out=bool(data["timed_out"]))
         super().__init__(**data)
+
+    @field_validator("stdout", "stderr", "detail", "fetch_errors", mode="after")
+    @classmethod
+    def _utf8_safe(cls, value: Any) -> Any:
+        """What a trainer tokenizes and a server serialises must be UTF-8 (see
+        ``CellResult``); the backends decode output with replacement already, so this
+        only ever changes text that could not be encoded."""
+        return utf8_safe(value)
 
     @classmethod
     def sandbox_failure(

@@ -150,3 +150,23 @@ def test_an_idle_session_expires_after_the_sandboxs_ttl(mcp_backend: str) -> Non
     assert opened["ttl_seconds"] == 1.0
     assert expired.is_error
     assert "idle" in text(expired)
+
+
+def test_a_value_whose_repr_holds_a_lone_surrogate_is_answered(tools: SandboxTools) -> None:
+    """repr() may return lone surrogates; UTF-8 may not carry them. Over JSON-RPC (as
+    stdio) the answer could not be serialised and the whole server exited (the fifth
+    red-team round): now they read as '?' and the session goes on."""
+    repr_with_surrogate = "class A:\n    def __repr__(self):\n        return 'ok \\ud800 end'\nA()"
+
+    async def talk(client: Client) -> list[CallToolResult]:
+        session_id = await open_(client)
+        return [
+            await cell(client, session_id, repr_with_surrogate),
+            await cell(client, session_id, "raise ValueError('\\udcff')"),
+            await cell(client, session_id, "print('still here')"),
+        ]
+
+    value, error, after = converse(tools, talk, mode="legacy")
+    assert "ok ? end" in text(value) and fields(value)["value"] == "ok ? end"
+    assert "ValueError: " in text(error)  # (stderr: python3 writes it as \\udcff)
+    assert text(after) == "still here\n"

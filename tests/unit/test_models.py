@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pydantic
-import pydantic_core
 import pytest
 from hypothesis import given, settings
 
 from retool_exec import ExecResult, Outcome
-from retool_exec._models import classify_exit
+from retool_exec._models import CellResult, classify_exit
 from tests.strategies import exec_results
 
 
@@ -145,11 +144,19 @@ def test_canonical_values_round_trip_through_json() -> None:
         assert ExecResult.model_validate_json(r.model_dump_json()) == r
 
 
-def test_lone_surrogates_do_not_serialize_to_json() -> None:
-    # Why tests/strategies.py excludes category Cs from JSON text.
-    r = ExecResult(True, "\ud800", "", 0, False, 0.03)
-    with pytest.raises(pydantic_core.PydanticSerializationError):
-        r.model_dump_json()
+def test_lone_surrogates_are_replaced_so_every_result_serializes() -> None:
+    # A value's repr (a cell's display) can hold them; UTF-8 and JSON encoders refuse them.
+    r = ExecResult(
+        True, "\ud800", "x\udcff", 0, False, 0.03,
+        detail="\ud83d", fetch_errors={"\udc80": "\ud800"},
+        cells=[CellResult(display=[{"text/plain": "ok \ud800 end"}],
+                          error=[{"ename": "E", "evalue": "\udfff", "traceback": ["\ud800"]}])],
+    )  # fmt: skip
+    assert (r.stdout, r.stderr, r.detail, r.fetch_errors) == ("?", "x?", "?", {"?": "?"})
+    assert r.cells[0].display == [{"text/plain": "ok ? end"}]
+    assert r.cells[0].error == [{"ename": "E", "evalue": "?", "traceback": ["?"]}]
+    assert ExecResult.model_validate_json(r.model_dump_json()) == r
+    assert ExecResult(True, "é 😀 \ufffd", "", 0, False, 0.03).stdout == "é 😀 \ufffd"
 
 
 @settings(max_examples=200)
