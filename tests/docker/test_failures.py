@@ -307,6 +307,27 @@ def test_code_too_large_once_encoded_is_rejected_before_any_container(
     assert "retrying" not in caplog.text
 
 
+def test_a_notebook_of_many_large_values_is_cut_not_a_failure() -> None:
+    """Ninety cells whose value is 70,000 emoji (12 bytes each as JSON): 71 MB of
+    records, each under its own cap; the agent failed sending it (the fifth red-team
+    round). Now the values are cut, marked, and the call keeps its own outcome."""
+    from retool_exec.backends.docker.agent import result_fit
+    from tests.contract.test_backend_contract import run_cells
+
+    require_docker()
+    cell = "class A:\n    def __repr__(self):\n        return '\\U0001f600' * 70000\nA()\n"
+    config = DockerConfig(policy="reuse", pool_size=1, timeout=60, labels=LABELS)
+    with Sandbox(config, max_workers=1) as sandbox:
+        result = run_cells(sandbox, *([cell] * 90), timeout=60)
+        after = sandbox.run_code("print('next')")
+    assert result.outcome is Outcome.SUCCESS, result.detail
+    assert len(result.cells) == 90 and all(c.finished for c in result.cells)
+    values = [c.display[0]["text/plain"] for c in result.cells]
+    assert any(v.endswith(result_fit.CUT_MARK) for v in values)
+    assert all(v.startswith("\U0001f600") for v in values)
+    assert (after.outcome, after.stdout) == (Outcome.SUCCESS, "next\n")
+
+
 def test_a_container_that_died_while_idle_is_never_handed_out(reuse_one: Sandbox) -> None:
     """Its code never ran, so the call runs on a fresh container instead (issue 12.6)."""
     [container_id] = pool_containers(reuse_one)

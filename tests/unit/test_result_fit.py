@@ -34,9 +34,23 @@ def _result(stdout: str, stderr: str, files: dict[str, str], cells: list[dict[st
     return message
 
 
+value_text = st.text(alphabet=st.sampled_from("b\x01😀\u00e9"), max_size=800)
 cell_streams = st.fixed_dictionaries(
-    {"stdout": stream_text, "stdout_dropped": st.just(0), "stderr": stream_text,
-     "stderr_dropped": st.just(0)}
+    {
+        "stdout": stream_text,
+        "stdout_dropped": st.just(0),
+        "stderr": stream_text,
+        "stderr_dropped": st.just(0),
+        "display": st.lists(st.fixed_dictionaries({"text/plain": value_text}), max_size=1),
+        "error": st.lists(
+            st.fixed_dictionaries(
+                {"ename": st.just("E"), "evalue": value_text,
+                 "traceback": st.lists(value_text, max_size=3)}
+            ),
+            max_size=1,
+        ),
+        "finished": st.booleans(),
+    }
 )  # fmt: skip
 
 
@@ -61,6 +75,18 @@ def test_a_cut_result_fits_and_says_what_it_cut(
             assert before[key].endswith(after[key])
             cut = len(before[key]) - len(after[key])
             assert after[dropped] == before[dropped] + cut
+    # A cell's value and traceback texts are whole, or their head marked as cut.
+    for before, after in zip(cells, fitted.get("cells", []), strict=True):
+        for kind, keys in (("display", ("text/plain",)), ("error", ("evalue",))):
+            for item_before, item_after in zip(before[kind], after[kind], strict=True):
+                for key in keys:
+                    assert _whole_or_cut(item_before[key], item_after[key])
+        for item_before, item_after in zip(before["error"], after["error"], strict=True):
+            for line_before, line_after in zip(
+                item_before["traceback"], item_after["traceback"], strict=True
+            ):
+                assert _whole_or_cut(line_before, line_after)
+        assert after["finished"] == before["finished"]
     # A file is either delivered whole or named as left out, never silently lost.
     for path, data in files.items():
         if path in fitted["files"]:
@@ -85,3 +111,24 @@ def test_files_go_before_output() -> None:
     assert fitted["stdout"] == "x" * 500
     assert fitted["files"] == {}
     assert json.dumps(fitted["fetch_errors"]) == json.dumps({"big.bin": result_fit.TOO_LARGE})
+
+
+def _whole_or_cut(before: str, after: str) -> bool:
+    if after == before:
+        return True
+    return after.endswith(result_fit.CUT_MARK) and before.startswith(
+        after.removesuffix(result_fit.CUT_MARK)
+    )
+
+
+def test_many_cells_of_large_values_are_cut_in_a_few_rounds() -> None:
+    """Ninety cells of a 70,000-emoji value (12 bytes each as JSON): 76 MB, at the real
+    limit; the cut is planned from the fields' sizes, not re-measured after each."""
+    value = "\U0001f600" * 70_000
+    cell = {"stdout": "", "stdout_dropped": 0, "stderr": "", "stderr_dropped": 0,
+            "display": [{"text/plain": value}], "error": [], "finished": True}  # fmt: skip
+    message = _result("", "", {}, [dict(cell) for _ in range(90)])
+    assert len(wire.encode_payload(message)) > wire.MAX_FRAME
+    fitted = result_fit.fit(message)
+    assert len(wire.encode_frame(fitted)) <= wire.MAX_FRAME + wire.FRAME_HEADER.size
+    assert len(fitted["cells"]) == 90 and all(c["finished"] for c in fitted["cells"])
