@@ -82,6 +82,23 @@ def _big_cell_timed_out(obs: Observation) -> bool:
     return cell.outcome is Outcome.TIMEOUT and cell.latency <= _BIG_CELL_TIMEOUT + 1.5
 
 
+_SURROGATE_VALUE = code("""
+    class Value:
+        def __repr__(self):
+            return "ok \\ud800 end"  # a lone surrogate: repr allows it, UTF-8 does not
+    Value()
+""")
+
+
+def _value_is_utf8(obs: Observation) -> bool:
+    cell = obs.cell("attack")
+    try:
+        cell.model_dump_json().encode("utf-8")  # what a server sends, a tokenizer reads
+    except ValueError:  # (pydantic's serialization error, a UnicodeError)
+        return False
+    return cell.outcome is Outcome.SUCCESS and "ok ? end" in str(cell.cells[0].display)
+
+
 def _open(session: str) -> SessionStep:
     return SessionStep(StepAction.OPEN, session)
 
@@ -709,5 +726,24 @@ CASES: tuple[Case, ...] = (
         note="The first cell leaves a thread that stops its own process once the cell is "
         "over; the next cell is larger than the socket's buffer. Contained: that cell ends "
         "as a timeout within its timeout + 1.5 s.",
+    ),
+    Case(
+        id="proto-session-surrogate-value",
+        klass=CaseClass.PROTOCOL,
+        title="a cell whose value's repr holds a lone surrogate gets a result that "
+        "serialises (UTF-8), not a record that breaks the server or the tokenizer",
+        code="",
+        session_steps=(
+            _open("s"),
+            _cell("s", "attack", _SURROGATE_VALUE),
+        ),
+        contained=_value_is_utf8,
+        severity=Severity.MEDIUM,
+        reference="the fifth red-team round (2026-12-02): the value reached the result as "
+        "text UTF-8 cannot hold; over MCP's JSON-RPC the answer could not be serialised and "
+        "the server exited with every session on it",
+        exclusive=True,
+        local=Expect.CONTAINED,
+        note="Contained: the result's JSON encodes and the value reads 'ok ? end'.",
     ),
 )
