@@ -46,33 +46,31 @@ _DEEP_NESTING = code("""
 
 
 _STOP_AFTER_CELL = code("""
-    import signal, threading
-    main = threading.main_thread().ident
+    import select, signal, threading
 
-    def in_a_cell():
-        frame = sys._current_frames().get(main)
-        while frame is not None:
-            if frame.f_code.co_filename.startswith("<cell"):
-                return True
-            frame = frame.f_back
-        return False
+    def sockets():
+        found = []
+        for name in os.listdir("/proc/self/fd"):
+            try:
+                if os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                    found.append(int(name))
+            except OSError:
+                pass
+        return found
 
-    def waiting():
-        with open(f"/proc/self/task/{os.getpid()}/stat") as handle:
-            return handle.read().rpartition(")")[2].split()[0] == "S"
-
-    def stop_when_the_cell_is_over():
-        # Once this cell has ended and the main thread waits for the next one: stop.
-        while in_a_cell() or not waiting():
-            time.sleep(0.0005)
+    def stop_when_the_next_cell_comes():
+        # The agent sends the next cell on the session's socket only once this cell has
+        # ended: when it starts to arrive, stop (its rest is left to send).
+        select.select(sockets(), [], [])
         os.kill(os.getpid(), signal.SIGSTOP)
 
-    threading.Thread(target=stop_when_the_cell_is_over, daemon=True).start()
+    threading.Thread(target=stop_when_the_next_cell_comes, daemon=True).start()
     report(stopping=True)
 """)
 
-_BIG_CELL = "x = 1\n# " + "A" * 400_000 + "\nprint('the big cell ran')\n"
-"""Larger than a unix socket's buffer: its send blocks until the process reads it."""
+_BIG_CELL = "x = 1\n# " + "A" * 8_000_000 + "\nprint('the big cell ran')\n"
+"""Far larger than a unix socket's buffer: its send blocks until the process reads it,
+and a reader that is quick cannot take all of it before the stop lands."""
 
 _BIG_CELL_TIMEOUT = 3.0
 
@@ -723,9 +721,9 @@ CASES: tuple[Case, ...] = (
         local=Expect.NOT_APPLICABLE,
         local_reason="the local backend's sessions have no agent that sends cells; its "
         "outcome races the stop (seen both ways)",
-        note="The first cell leaves a thread that stops its own process once the cell is "
-        "over; the next cell is larger than the socket's buffer. Contained: that cell ends "
-        "as a timeout within its timeout + 1.5 s.",
+        note="The first cell leaves a thread that stops its own process as the next cell "
+        "starts to arrive on its socket; that cell is larger than the socket's buffer. "
+        "Contained: it ends as a timeout within its timeout + 1.5 s.",
     ),
     Case(
         id="proto-session-surrogate-value",
