@@ -708,9 +708,7 @@ CASES: tuple[Case, ...] = (
         session_steps=(
             _open("s"),
             _cell("s", "stop", _STOP_AFTER_CELL),
-            SessionStep(
-                StepAction.CELL, "s", code=_BIG_CELL, name="attack", timeout=_BIG_CELL_TIMEOUT
-            ),
+            _cell("s", "attack", _BIG_CELL, timeout=_BIG_CELL_TIMEOUT),
         ),
         contained=_big_cell_timed_out,
         severity=Severity.HIGH,

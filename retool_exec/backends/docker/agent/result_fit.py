@@ -41,9 +41,7 @@ def fit(
     excess = len(wire.encode_payload(message)) - budget
     files = message.get("files") or {}
     if excess > 0 and files:
-        errors = message.setdefault("fetch_errors", {})
-        if errors is None:
-            errors = message["fetch_errors"] = {}
+        errors = message.setdefault("fetch_errors", {})  # (_copy made it the copy's own)
         for path in sorted(files, key=lambda name: len(files[name]), reverse=True):
             if excess <= 0:
                 break
