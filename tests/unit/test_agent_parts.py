@@ -108,6 +108,21 @@ def test_baseline_comparison_names_what_is_not_back() -> None:
     assert reset.compare(baseline, within) == []
 
 
+def test_tcp_connections_opened_count_where_closed_endpoints_are_not_listed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    snmp = (
+        "Ip: Forwarding DefaultTTL\nIp: 1 64\n"
+        "Tcp: RtoAlgorithm ActiveOpens PassiveOpens CurrEstab\nTcp: 1 5 3 0\n"
+    )
+    monkeypatch.setattr(reset, "read_text", lambda path: snmp)
+    assert reset._tcp_opens() == 8
+    monkeypatch.setattr(reset, "read_text", lambda path: "Tcp: ActiveOpens\n")
+    assert reset._tcp_opens() is None  # a header without values: unreadable, not zero
+    problems = reset.compare({"net:tcp opens": 8}, {"net:tcp opens": 9})
+    assert problems[0].startswith("1 TCP connection(s) opened") and len(problems) == 1
+
+
 def test_measure_reads_this_machine() -> None:
     facts = reset.measure()
     assert isinstance(facts["fds"], int) and facts["fds"] > 0

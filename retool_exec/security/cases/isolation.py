@@ -88,6 +88,11 @@ _NETLINK_TOOLS = """
 """
 """A call's own generic-netlink client: lists (and, with privilege, deletes) TCP metrics."""
 
+_TIME_WAIT_PORTS = """
+    PORTS = [42000 + int(TOKEN[2:9], 16) % 2000 * 8 + index for index in range(8)]
+"""
+"""Client ports of iso-tcp-time-wait-ports: chosen by the token, known to both calls."""
+
 _TCP_METRICS_NET = "127.77"
 """The addresses the case's connections come from (all loopback: 127.0.0.0/8)."""
 
@@ -490,5 +495,55 @@ CASES: tuple[Case, ...] = (
         "for its linger time, listed with its destination in /proc/net/ip6_flowlabel",
         note="The reset counts the namespace's flow labels against its baseline: a container "
         "holding one more is retired, so call N+1 runs elsewhere. gVisor lists none.",
+    ),
+    Case(
+        id="iso-tcp-time-wait-ports",
+        klass=CaseClass.ISOLATION,
+        title="client ports call N leaves in TIME_WAIT (a secret in which ports) are free "
+        "in call N+1",
+        code=code(_TIME_WAIT_PORTS)
+        + code("""
+            import socket
+            listener = socket.socket()
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(16)
+            made = []
+            for port in PORTS:
+                try:
+                    with socket.socket() as client:
+                        client.bind(("127.0.0.1", port))
+                        client.connect(listener.getsockname())
+                        server, _ = listener.accept()
+                    server.close()  # the client closed first: its port is in TIME_WAIT
+                    made.append(port)
+                except OSError as exc:
+                    made.append(why(exc))
+            listener.close()
+            report(made=made)
+        """),
+        follow_up=code(_TIME_WAIT_PORTS)
+        + code("""
+            import errno, socket
+            present = []
+            for port in PORTS:
+                with socket.socket() as probe:  # no SO_REUSEADDR: a TIME_WAIT port refuses
+                    try:
+                        probe.bind(("127.0.0.1", port))
+                    except OSError as exc:
+                        if exc.errno == errno.EADDRINUSE:
+                            present.append(port)
+            report(present=present)
+        """),
+        contained=_absent,
+        severity=Severity.MEDIUM,
+        reference="the sixth red-team round (2026-12-02): gVisor's /proc/net/tcp lists only "
+        "endpoints that still have a file, so a closed connection's TIME_WAIT (60 s) passed "
+        "the reset unseen, and call N+1 read a secret bit by bit from which ports it could "
+        "not bind (or an ordinary server failed to bind its port)",
+        note="Under runc the reset sees the endpoints in sockstat (TCP tw); under gVisor it "
+        "counts the TCP connections opened (/proc/net/snmp). Either way the container is "
+        "retired. The ports come from the token; the connections go to a listener the call "
+        "opens on 127.0.0.1. Nothing can remove a TIME_WAIT endpoint: on a backend where "
+        "it is found it expires by itself.",
     ),
 )

@@ -47,6 +47,17 @@ LINGERING_TABLES = {"ip6_flowlabel": "IPv6 flow label(s)"}
 lingers up to 150 s, and the next call can list it or join it): counted like sockets.
 Those the kernel does not list (TCP metrics, Fast Open cookies) are switched off by
 the container's sysctls (``hardening.NETWORK_SYSCTLS``)."""
+TCP_OPENS_KEYS = ("ActiveOpens", "PassiveOpens")
+"""``/proc/net/snmp``'s Tcp counters read where there is no ``sockstat`` (gVisor): its
+tables list only endpoints that still have a file, so a closed connection in
+TIME_WAIT holds its port into the next call unseen. Any TCP connection a call
+made there retires the container."""
+PROBLEMS = {
+    **{table: "{n} " + noun + " left" for table, noun in LINGERING_TABLES.items()},
+    "tcp opens": "{n} TCP connection(s) opened (gVisor lists no closed endpoint, so "
+    "TIME_WAIT would pass unseen)",
+}
+"""How ``compare`` names a count above its baseline, where not "{n} <name> socket(s) left"."""
 MEMINFO_KEYS = ("AnonPages", "Shmem")
 CGROUP_V2_KEYS = ("anon", "shmem", "sock")
 CGROUP_V1_KEYS = ("rss", "shmem")
@@ -297,6 +308,20 @@ def _net_entries(table: str) -> int | None:
         return None
 
 
+def _tcp_opens() -> int | None:
+    """Connections opened, either way, since the network namespace began (``/proc/net/snmp``)."""
+    try:
+        tcp = [
+            line.split()[1:]
+            for line in read_text("/proc/net/snmp").splitlines()
+            if line.startswith("Tcp:")
+        ]
+        values = dict(zip(tcp[0], map(int, tcp[1])))  # noqa: B905 - no strict= on 3.9
+        return sum(values[key] for key in TCP_OPENS_KEYS)
+    except (OSError, ValueError, IndexError, KeyError):
+        return None
+
+
 def _key_values(path: str, separator: str | None = None) -> dict[str, int]:
     values = {}
     for line in read_text(path).splitlines():
@@ -373,6 +398,7 @@ def measure() -> dict[str, object]:
     else:
         for table in NET_TABLES:
             facts[f"net:{table}"] = _net_entries(table)
+        facts["net:tcp opens"] = _tcp_opens()
     for table in LINGERING_TABLES:
         facts[f"net:{table}"] = _net_entries(table)  # None where there is no such file
     facts["memory"] = held_memory()
@@ -397,8 +423,8 @@ def compare(baseline: dict[str, object], now: dict[str, object]) -> list[str]:
         before, after = baseline.get(key), now.get(key)
         name = key.removeprefix("net:")
         if isinstance(before, int) and isinstance(after, int) and after > before:
-            noun = LINGERING_TABLES.get(name, f"{name} socket(s)")
-            problems.append(f"{after - before} {noun} left")
+            template = PROBLEMS.get(name, "{n} " + name + " socket(s) left")
+            problems.append(template.format(n=after - before))
         elif isinstance(before, int) and not isinstance(after, int):
             problems.append(f"socket count {name} unreadable")
     before_memory, after_memory = baseline.get("memory"), now.get("memory")
