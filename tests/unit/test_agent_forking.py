@@ -1,9 +1,10 @@
 """The zygote's choice of fork, checked without Docker.
 
 The plain fork skips CPython's at-fork hooks, so it must only be chosen where
-they have nothing to do, and must redo the two the agent knows (``random``'s
-reseed, ``threading``'s main-thread id). The forking checks run in a fresh
-interpreter: pytest's own process may have threads of its own.
+they have nothing to do, and the two the agent knows must be redone
+(``random``'s reseed, by ``generators`` before each fork; ``threading``'s
+main-thread id). The forking checks run in a fresh interpreter: pytest's own
+process may have threads of its own.
 """
 
 from __future__ import annotations
@@ -53,12 +54,14 @@ def test_a_second_thread_keeps_os_fork() -> None:
 CHILDREN = textwrap.dedent(
     """
     import json, os, random, sys, threading
-    from retool_exec.backends.docker.agent import forking
+    from retool_exec.backends.docker.agent import forking, generators
 
     chosen = forking.choose(["random", "threading"])
+    found = generators.find()
     seen = []
     for _ in range(2):
         read_end, write_end = os.pipe()
+        generators.reseed(found)  # as the zygote does before each fork
         pid = forking.fork()
         if pid == 0:
             fact = [random.getrandbits(64), threading.main_thread().native_id,
@@ -73,7 +76,7 @@ CHILDREN = textwrap.dedent(
 )
 
 
-def test_the_plain_fork_reseeds_random_and_names_the_main_thread() -> None:
+def test_the_plain_fork_after_the_reseed_gives_random_a_new_stream_and_names_the_thread() -> None:
     done = subprocess.run(
         [sys.executable, "-c", CHILDREN], capture_output=True, text=True, timeout=60, check=True
     )

@@ -42,6 +42,49 @@ _RANDOM = code("""
 """)
 
 
+_EVERY_GENERATOR = code("""
+    import gc, hashlib, pickle, random, _random
+    for module in ("numpy", "sympy", "scipy", "mpmath"):  # what a zygote may preload
+        try:
+            __import__(module)
+        except ImportError:
+            pass
+    kinds = [_random.Random]
+    if "numpy" in sys.modules:
+        numpy = sys.modules["numpy"]
+        kinds += [numpy.random.RandomState, numpy.random.Generator, numpy.random.BitGenerator]
+    kinds = tuple(kinds)
+    gc.unfreeze()  # objects the zygote froze are not listed otherwise
+    found = {id(obj): obj for obj in gc.get_objects() if isinstance(obj, kinds)}
+    for module in list(sys.modules.values()):
+        for value in list(getattr(module, "__dict__", {}).values()):
+            if isinstance(value, kinds):
+                found[id(value)] = value
+
+    def state(obj):
+        if isinstance(obj, _random.Random):
+            return obj.getstate()
+        if hasattr(obj, "get_state"):
+            return obj.get_state()
+        return getattr(obj, "bit_generator", obj).state
+
+    fingerprints = {}
+    for obj in found.values():
+        if isinstance(obj, random.SystemRandom):
+            continue
+        digest = hashlib.sha256(pickle.dumps(state(obj))).hexdigest()[:16]
+        fingerprints[digest] = type(obj).__module__ + "." + type(obj).__qualname__
+    report(states=fingerprints)
+""")
+
+
+def _no_generator_state_shared(obs: Observation) -> bool:
+    if obs.follow is None or not (obs.result.ok and obs.follow.ok):
+        return False
+    first, second = obs.facts()["states"], obs.follow_facts()["states"]
+    return bool(first) and not set(first) & set(second)
+
+
 _NETLINK_TOOLS = """
     import socket, struct
 
@@ -296,6 +339,23 @@ CASES: tuple[Case, ...] = (
         reference="a fork server shares its RNG state ('From Zygote to Morula', IEEE S&P 2014)",
         catalogue=(44,),
         local=Expect.CONTAINED,
+    ),
+    Case(
+        id="iso-random-every-generator",
+        klass=CaseClass.ISOLATION,
+        title="no random generator of any module starts call N+1 where it started call N",
+        code=_EVERY_GENERATOR,
+        follow_up=_EVERY_GENERATOR,
+        contained=_no_generator_state_shared,
+        severity=Severity.MEDIUM,
+        reference="retool_exec red-team round of 2026-12-03: sympy's own generators "
+        "(sympy.core.random.rng, sympy.ntheory.ecm.rgen, ...) were made once in the zygote "
+        "and never reseeded, so a call replayed the next call's sympy.crypto key",
+        catalogue=(44,),
+        local=Expect.CONTAINED,
+        note="Every generator object in the interpreter, found by class in the collector's "
+        "objects and in every module's namespace, as the call finds it before drawing "
+        "anything: no state of call N may be a state of call N+1.",
     ),
     Case(
         id="iso-reset-traps",

@@ -14,9 +14,10 @@ used only when
 - the zygote has exactly one thread (``/proc/self/task``) once its modules
   are loaded, and
 - no at-fork hook was registered other than the two the agent knows and
-  redoes itself: ``random`` (reseeded in the zygote before each fork, from
-  ``os.urandom`` as its hook does) and ``threading`` (whose only effect on a
-  one-thread process is the main thread's ``native_id``, set in the child).
+  redoes itself: ``random`` (its generator is reseeded in the zygote before
+  each fork, from ``os.urandom`` as its hook does: ``generators``) and
+  ``threading`` (whose only effect on a one-thread process is the main
+  thread's ``native_id``, set in the child).
 
 Any other hook (a preloaded library that registers one) keeps ``os.fork()``.
 """
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import random
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -89,7 +89,6 @@ def fork() -> int:
     plain = Fork.plain
     if plain is None:
         return os.fork()
-    random.seed()  # what random's at-fork hook does in the child, done here once
     pid = int(plain())
     if pid < 0:
         errno = ctypes.get_errno()

@@ -36,7 +36,7 @@ import traceback
 import types
 from typing import Any
 
-from . import forking, identity, reset, wire
+from . import forking, generators, identity, reset, wire
 
 EVENTS_FD, REQUEST_FD, STARTED_FD = 3, 4, 5
 """In a child: 3 carries its events to the supervisor, 4 its request (a unix socket), 5
@@ -75,6 +75,8 @@ class Setup:
     std_streams: StdStreams | None = None
     warm_child = False
     """Under gVisor: each spare child runs ``warm_up`` before it waits for its request."""
+    generators: list[Any] = []  # noqa: RUF012 - found once, before the first fork
+    """Every random generator the zygote holds (``generators.find``), reseeded before each fork."""
     agent_path: str | None = None
     """``sys.path[0]`` as the agent started (its own archive): a call gets the working
     directory there instead, as ``python3 -c`` has it (``_fresh_main``)."""
@@ -222,6 +224,7 @@ def serve(
             loaded, failed = preload(modules, huge_pages)
         prepare_std_streams()
         warm_zygote()
+        Setup.generators = generators.find()
         forking.choose(registered)
         Setup.warm_child = reset._in_gvisor()
         control.send(b"R" + json.dumps({"loaded": loaded, "failed": failed}).encode())
@@ -272,7 +275,7 @@ def _fork_one(control: socket.socket, wake_r: int, wake_w: int) -> None:
             os.close(fd)
         control.send(b"E" + b"bad fork request")
         return
-    reseed_numpy()  # here, not in the child (see reseed_numpy)
+    generators.reseed(Setup.generators)  # here, not in the child (see ``generators``)
     try:
         pid = forking.fork()
     except OSError as exc:
@@ -902,30 +905,3 @@ def exit_status(exc: SystemExit) -> int:
     except BaseException:
         pass
     return 1
-
-
-MT19937_WORDS = 624
-
-
-def reseed_numpy() -> None:
-    """A fresh state for numpy's global generator (``random``: see ``forking.fork``).
-
-    Called in the zygote just before each fork, so no two calls share a stream
-    and the child does not pay for it: measured, reseeding in the child cost
-    ~0.9 ms of CPU per call, mostly copy-on-write faults on numpy's pages. The
-    state is set from 624 words of ``os.urandom`` (what ``seed()`` ends in,
-    without its ``SeedSequence`` machinery): with a child alive, each page the
-    zygote writes is copied too, and ``seed()`` wrote ~120 pages (0.5 ms of CPU
-    per call) against ~40 for ``set_state``.
-    """
-    numpy = sys.modules.get("numpy")
-    if numpy is None:
-        return
-    try:
-        key = numpy.frombuffer(os.urandom(MT19937_WORDS * 4), dtype=numpy.uint32)
-        numpy.random.set_state(("MT19937", key, MT19937_WORDS, 0, 0.0))
-    except Exception:
-        try:
-            numpy.random.seed()
-        except Exception:
-            pass
