@@ -17,11 +17,15 @@ from retool_exec.backends.docker.agent import identity as agent
 from retool_exec.backends.docker.agent import supervisor
 
 ALLOW, DENY = agent.SECCOMP_RET_ALLOW, agent.SECCOMP_RET_ERRNO | agent.ENOSYS
+NO_FAMILY = agent.SECCOMP_RET_ERRNO | agent.EAFNOSUPPORT
+READ = {"x86_64": 0, "aarch64": 63}
+AF_UNIX, AF_INET, AF_INET6, AF_NETLINK, AF_PACKET, AF_ALG, AF_VSOCK = 1, 2, 10, 16, 17, 38, 40
 
 
-def run_bpf(program: bytes, *, arch: int, nr: int) -> int:
-    """Evaluate a seccomp program over ``seccomp_data`` holding ``nr`` and ``arch``."""
-    data = struct.pack("=II", nr, arch) + bytes(56)
+def run_bpf(program: bytes, *, arch: int, nr: int, arg0: int = 0) -> int:
+    """Evaluate a seccomp program over ``seccomp_data`` holding ``nr``, ``arch`` and the
+    first argument (64 bits, little-endian as on both architectures)."""
+    data = struct.pack("=IIQQ", nr, arch, 0, arg0) + bytes(40)
     instructions = [struct.unpack("=HBBI", program[i : i + 8]) for i in range(0, len(program), 8)]
     accumulator, pc = 0, 0
     for _ in range(len(instructions)):
@@ -41,27 +45,43 @@ def run_bpf(program: bytes, *, arch: int, nr: int) -> int:
 
 
 @pytest.mark.parametrize("machine", sorted(agent.AUDIT_ARCH))
-def test_io_uring_and_mq_open_are_refused_with_enosys(machine: str) -> None:
+def test_io_uring_aio_and_mq_open_are_refused_with_enosys(machine: str) -> None:
     program, arch = agent.syscall_filter(machine), agent.AUDIT_ARCH[machine]
     for nr in agent.DENIED_SYSCALLS[machine]:
         assert run_bpf(program, arch=arch, nr=nr) == DENY
-    assert run_bpf(program, arch=arch, nr=0) == ALLOW  # read / io_setup
+    assert len(agent.DENIED_SYSCALLS[machine]) == 10  # io_uring x3, mq_open, AIO x6
+    assert run_bpf(program, arch=arch, nr=READ[machine]) == ALLOW
     assert run_bpf(program, arch=arch, nr=424) == ALLOW  # the neighbours of io_uring
     assert run_bpf(program, arch=arch, nr=428) == ALLOW
+
+
+@pytest.mark.parametrize("machine", sorted(agent.AUDIT_ARCH))
+def test_sockets_of_other_families_than_unix_inet_and_netlink_are_refused(machine: str) -> None:
+    program, arch = agent.syscall_filter(machine), agent.AUDIT_ARCH[machine]
+    for nr in agent.SOCKET_SYSCALLS[machine]:
+        for family in (AF_UNIX, AF_INET, AF_INET6, AF_NETLINK):
+            assert run_bpf(program, arch=arch, nr=nr, arg0=family) == ALLOW
+            assert run_bpf(program, arch=arch, nr=nr, arg0=family | 1 << 40) == ALLOW  # int
+        for family in (0, AF_PACKET, AF_ALG, AF_VSOCK, 45, 0xFFFFFFFF, AF_VSOCK | 1 << 32):
+            assert run_bpf(program, arch=arch, nr=nr, arg0=family) == NO_FAMILY
+    assert run_bpf(program, arch=arch, nr=READ[machine], arg0=AF_VSOCK) == ALLOW
 
 
 @given(
     nr=st.integers(0, (1 << 32) - 1),
     arch=st.sampled_from([*agent.AUDIT_ARCH.values(), 0x40000003, 0]),
+    arg0=st.integers(0, (1 << 64) - 1),
 )
-def test_only_the_native_abi_and_allowed_numbers_pass(nr: int, arch: int) -> None:
+def test_only_the_native_abi_and_allowed_numbers_pass(nr: int, arch: int, arg0: int) -> None:
     program = agent.syscall_filter("x86_64")
-    expected_allow = (
-        arch == agent.AUDIT_ARCH["x86_64"]
-        and not nr & agent.X32_SYSCALL_BIT
-        and nr not in agent.DENIED_SYSCALLS["x86_64"]
-    )
-    assert run_bpf(program, arch=arch, nr=nr) == (ALLOW if expected_allow else DENY)
+    native = arch == agent.AUDIT_ARCH["x86_64"] and not nr & agent.X32_SYSCALL_BIT
+    if not native or nr in agent.DENIED_SYSCALLS["x86_64"]:
+        expected = DENY
+    elif nr in agent.SOCKET_SYSCALLS["x86_64"]:
+        expected = ALLOW if arg0 & 0xFFFFFFFF in agent.ALLOWED_FAMILIES else NO_FAMILY
+    else:
+        expected = ALLOW
+    assert run_bpf(program, arch=arch, nr=nr, arg0=arg0) == expected
 
 
 def test_the_program_fits_seccomp_limits() -> None:

@@ -13,7 +13,7 @@ resolves.
 
 from __future__ import annotations
 
-from retool_exec.security.model import Case, CaseClass, Observation, Severity
+from retool_exec.security.model import Case, CaseClass, Expect, Observation, Severity
 from retool_exec.security.snippets import code
 
 __all__ = ["CASES"]
@@ -190,5 +190,53 @@ CASES: tuple[Case, ...] = (
         severity=Severity.CRITICAL,
         reference="CIS Docker 5.9; epicbox network_disabled test",
         catalogue=(15,),
+    ),
+    Case(
+        id="net-vsock-family",
+        klass=CaseClass.NETWORK,
+        title="AF_VSOCK, which no network namespace covers, cannot be used",
+        code=code("""
+            import socket
+            try:
+                vsock = socket.socket(40, socket.SOCK_STREAM)  # AF_VSOCK
+                vsock.bind((0xFFFFFFFF, 0x5EC0FF0))  # VMADDR_CID_ANY: the host-wide port space
+                made = "bound"
+                vsock.close()
+            except OSError as exc:
+                made = why(exc)
+            report(vsock=made)
+        """),
+        contained=lambda obs: obs.result.ok and obs.facts()["vsock"] != "bound",
+        severity=Severity.HIGH,
+        reference="retool_exec red-team round of 2026-12-03: under runc on Docker 20.10 two "
+        "containers moved 32 bits a round through which vsock ports were bound, fresh included; "
+        "moby's profile refuses AF_VSOCK only from Engine 23",
+        local=Expect.HOST_DEPENDENT,
+        note="vsock ports are one space per host (per VM), whatever the network namespace.",
+    ),
+    Case(
+        id="net-socket-families",
+        klass=CaseClass.NETWORK,
+        title="only unix, inet, inet6 and netlink sockets can be made",
+        code=code("""
+            import socket
+            made = []
+            for family in range(64):
+                for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM, socket.SOCK_RAW,
+                             socket.SOCK_SEQPACKET):
+                    try:
+                        socket.socket(family, kind).close()
+                    except OSError:
+                        continue
+                    made.append(family)
+                    break
+            report(families=made)
+        """),
+        contained=lambda obs: obs.result.ok and set(obs.facts()["families"]) <= {1, 2, 10, 16},
+        severity=Severity.MEDIUM,
+        reference="retool_exec red-team round of 2026-12-03 (AF_VSOCK); every address family "
+        "beyond these is kernel surface no tool code needs",
+        local=Expect.HOST_DEPENDENT,
+        note="AF_UNIX 1, AF_INET 2, AF_INET6 10, AF_NETLINK 16 (glibc's getaddrinfo uses it).",
     ),
 )

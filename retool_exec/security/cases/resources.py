@@ -73,6 +73,19 @@ ALIVE = code("""
 """)
 """Follow-up: which processes named after the token still exist."""
 
+
+def _aio_budget_kept(obs: Observation) -> bool:
+    if not obs.result.ok:
+        return False
+    if obs.facts()["contexts"] == 0:
+        return True
+    start, end = obs.facts()["held"]
+    attempts = obs.neighbour_facts()["attempts"]
+    if not any(start <= at <= end for at, _ in attempts):
+        raise ValueError("the neighbour's attempts did not overlap the attack's hold")
+    return all(outcome != "EAGAIN" for _, outcome in attempts)
+
+
 CASES: tuple[Case, ...] = (
     Case(
         id="res-fork-bomb",
@@ -570,5 +583,42 @@ CASES: tuple[Case, ...] = (
         catalogue=(30,),
         raw=True,
         local=Expect.CONTAINED,
+    ),
+    Case(
+        id="res-aio-host-budget",
+        klass=CaseClass.RESOURCES,
+        title="a call cannot take the host's Linux AIO budget (fs.aio-max-nr) from a neighbour",
+        code=code("""
+            contexts, size = [], 65536
+            while size >= 1 and len(contexts) < 64:  # gVisor keeps a budget of its own
+                context = ctypes.c_ulong(0)
+                if libc.syscall(206, size, ctypes.byref(context)) == 0:  # io_setup
+                    contexts.append(context)
+                else:
+                    size //= 2
+            held = [time.time()]
+            time.sleep(2.5)
+            held.append(time.time())
+            report(contexts=len(contexts), held=held)
+        """),
+        neighbour=code("""
+            attempts, give_up = [], time.monotonic() + 1.5
+            while time.monotonic() < give_up:
+                context = ctypes.c_ulong(0)
+                done = libc.syscall(206, 1, ctypes.byref(context))
+                attempts.append([time.time(), "ok" if done == 0 else last_error()])
+                if done == 0:
+                    libc.syscall(207, context)  # io_destroy
+                time.sleep(0.1)
+            report(attempts=attempts)
+        """),
+        contained=_aio_budget_kept,
+        severity=Severity.MEDIUM,
+        reference="retool_exec red-team round of 2026-12-03: fs/aio.c's aio_nr is one counter "
+        "for the whole host; Docker's profile allows io_setup",
+        local=Expect.HARMFUL,
+        local_reason="would take this host's AIO budget",
+        note="Contained when the attack could take no AIO context at all (the agent's filter "
+        "refuses AIO with ENOSYS), or when its neighbour never ran out (EAGAIN) meanwhile.",
     ),
 )

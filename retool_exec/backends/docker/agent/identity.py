@@ -228,14 +228,32 @@ class acting_as:
 
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 DENIED_SYSCALLS = {
-    # io_uring_setup, io_uring_enter, io_uring_register (one number on every arch), mq_open
-    "x86_64": (425, 426, 427, 240),
-    "aarch64": (425, 426, 427, 180),
+    # io_uring_setup, io_uring_enter, io_uring_register (one number on every arch), mq_open,
+    # then Linux AIO: io_setup, io_destroy, io_getevents, io_submit, io_cancel, io_pgetevents
+    "x86_64": (425, 426, 427, 240, 206, 207, 208, 209, 210, 333),
+    "aarch64": (425, 426, 427, 180, 0, 1, 4, 2, 3, 292),
 }
+"""Refused with ENOSYS, as a kernel built without them would. io_uring: the source of
+most kernel exploits in Google's kCTF, allowed by Docker's profile before Engine 25.
+mq_open: queue space is per uid (security.md, finding 3). AIO: ``aio-nr`` is one budget
+for the whole host (``fs.aio-max-nr``), which one call took whole for the host and every
+other container, and whose count any container can read (a channel across containers,
+``fresh`` included); no tool code uses Linux AIO."""
+SOCKET_SYSCALLS = {"x86_64": (41, 53), "aarch64": (198, 199)}
+"""socket and socketpair, whose first argument is the address family."""
+ALLOWED_FAMILIES = (1, 2, 10, 16)
+"""AF_UNIX, AF_INET, AF_INET6, AF_NETLINK (which glibc's getaddrinfo uses). Any other
+family is refused with EAFNOSUPPORT: AF_VSOCK, which Docker's profile allows before
+Engine 23, is not namespaced at all (every container shares one port space, a channel
+across containers, and it reaches the hypervisor's host where there is one); the rest
+are kernel surface no tool code needs."""
 X32_SYSCALL_BIT = 0x40000000
 SECCOMP_RET_ALLOW = 0x7FFF0000
 SECCOMP_RET_ERRNO = 0x00050000
 ENOSYS = 38
+EAFNOSUPPORT = 97
+SECCOMP_DATA_ARG0 = 16
+"""Offset of the first argument's low 32 bits in ``seccomp_data`` (little-endian)."""
 _BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_JSET_K, _BPF_RET_K = 0x20, 0x15, 0x45, 0x06
 
 
@@ -244,25 +262,41 @@ class _SockFprog(ctypes.Structure):
 
 
 def syscall_filter(machine: str) -> bytes:
-    """The classic-BPF seccomp program for ``machine`` (see DENIED_SYSCALLS)."""
+    """The classic-BPF seccomp program for ``machine`` (DENIED_SYSCALLS, ALLOWED_FAMILIES).
+
+    Only on the native ABI (x32 and other architectures are refused); a family is
+    read from the low 32 bits of the argument, all the kernel reads of an ``int``.
+    """
     arch, denied = AUDIT_ARCH[machine], DENIED_SYSCALLS[machine]
-    # (code, jump-if-true, jump-if-false, k); "DENY" is resolved to the last instruction.
-    program: list[tuple[int, int | str, int | str, int]] = [
-        (_BPF_LD_W_ABS, 0, 0, 4),  # seccomp_data.arch
-        (_BPF_JEQ_K, 0, "DENY", arch),
-        (_BPF_LD_W_ABS, 0, 0, 0),  # seccomp_data.nr
-        (_BPF_JSET_K, "DENY", 0, X32_SYSCALL_BIT),
-        *((_BPF_JEQ_K, "DENY", 0, number) for number in denied),
-        (_BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),
-        (_BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | ENOSYS),
+    # (label, code, jump-if-true, jump-if-false, k): a jump names a later label, or 0.
+    program: list[tuple[str, int, int | str, int | str, int]] = [
+        ("", _BPF_LD_W_ABS, 0, 0, 4),  # seccomp_data.arch
+        ("", _BPF_JEQ_K, 0, "deny", arch),
+        ("", _BPF_LD_W_ABS, 0, 0, 0),  # seccomp_data.nr
+        ("", _BPF_JSET_K, "deny", 0, X32_SYSCALL_BIT),
+        *(("", _BPF_JEQ_K, "deny", 0, number) for number in denied),
+        *(("", _BPF_JEQ_K, "family", 0, number) for number in SOCKET_SYSCALLS[machine]),
+        ("", _BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),
+        ("family", _BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_ARG0),
+        *(("", _BPF_JEQ_K, "allow", 0, family) for family in ALLOWED_FAMILIES),
+        ("", _BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | EAFNOSUPPORT),
+        ("allow", _BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),
+        ("deny", _BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | ENOSYS),
     ]
-    deny = len(program) - 1
-    encoded = []
-    for index, (code_, true, false, k) in enumerate(program):
-        jt = deny - index - 1 if true == "DENY" else int(true)
-        jf = deny - index - 1 if false == "DENY" else int(false)
-        encoded.append(struct.pack("=HBBI", code_, jt, jf, k))
-    return b"".join(encoded)
+    where = {label: index for index, (label, *_rest) in enumerate(program) if label}
+
+    def offset(index: int, target: int | str) -> int:
+        if isinstance(target, int):
+            return target
+        jump = where[target] - index - 1
+        if not 0 <= jump <= 255:
+            raise ValueError(f"a BPF jump to {target!r} cannot reach it ({jump})")
+        return jump
+
+    return b"".join(
+        struct.pack("=HBBI", code_, offset(index, true), offset(index, false), k)
+        for index, (_label, code_, true, false, k) in enumerate(program)
+    )
 
 
 def lock_shared_devices() -> list[str]:
