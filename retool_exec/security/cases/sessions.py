@@ -97,6 +97,20 @@ def _value_is_utf8(obs: Observation) -> bool:
     return cell.outcome is Outcome.SUCCESS and "ok ? end" in str(cell.cells[0].display)
 
 
+def _fork_unharmed(obs: Observation) -> bool:
+    """The fork's cell and the parent's next one are their code's own results."""
+    try:
+        attack, parent = obs.cell("attack"), obs.cell("parent-after")
+    except KeyError:
+        return False
+    return (
+        attack.outcome is Outcome.SUCCESS
+        and attack.stdout == "42\n"
+        and parent.outcome is Outcome.SUCCESS
+        and parent.stdout == "41\n"
+    )
+
+
 def _open(session: str) -> SessionStep:
     return SessionStep(StepAction.OPEN, session)
 
@@ -741,5 +755,28 @@ CASES: tuple[Case, ...] = (
         exclusive=True,
         local=Expect.CONTAINED,
         note="Contained: the result's JSON encodes and the value reads 'ok ? end'.",
+    ),
+    Case(
+        id="proto-session-fork-forged-pid",
+        klass=CaseClass.PROTOCOL,
+        title="a session cannot choose the pid its fork is known by (the agent takes the "
+        "kernel's word, not the fork's)",
+        code="",
+        session_steps=(
+            _open("s"),
+            _cell("s", "spoof", "x = 41\nos.getpid = lambda: 2 ** 70\n"),
+            _fork("s", "f"),
+            _cell("f", "attack", "time.sleep(0.3)\nprint(x + 1)\n"),
+            _cell("s", "parent-after", "print(x)\n"),
+        ),
+        contained=_fork_unharmed,
+        severity=Severity.HIGH,
+        reference="the sixth red-team round (2026-12-03): the supervisor took a fork's pid "
+        "from the fork's own report, made with the session's os.getpid; a pid of 2**70 "
+        "crashed the agent, and the fork's cell came back as sandbox_error with its family lost",
+        exclusive=True,
+        local=Expect.CONTAINED,
+        note="Contained: the fork's cell prints 42 and the parent's next cell 41, both their "
+        "code's own success.",
     ),
 )

@@ -23,6 +23,7 @@ import os
 import select
 import signal
 import socket
+import struct
 import time
 from typing import Any
 
@@ -127,6 +128,7 @@ def fork_session(sid: int, new_sid: int) -> dict[str, Any]:
         return _refused(new_sid, "session id in use")
     events_r, events_w = os.pipe()
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # see _copy_pid
     try:
         message = {"type": "fork", "workdir": workdir(new_sid)}
         _send(parent, message, [events_w, theirs.fileno()], time.monotonic() + START_BUDGET)
@@ -139,11 +141,11 @@ def fork_session(sid: int, new_sid: int) -> dict[str, Any]:
         os.close(events_w)
         theirs.close()
     copy = SessionProcess(0, events_r, ours)
-    forked = _wait_for(copy, "forked")
-    if forked is None or not isinstance(forked.get("pid"), int):
+    pid = _copy_pid(ours)
+    if pid is None or pid in {process.pid for process in table.values()}:
         copy.close()
         return _refused(new_sid, "the fork did not start (out of memory or processes?)")
-    copy.pid = forked["pid"]
+    copy.pid = pid
     table[new_sid] = copy
     return {"type": "session", "sid": new_sid, "ok": True}
 
@@ -177,27 +179,36 @@ def _wait_started(child: sv.Child) -> bool:
     return child.check_started()
 
 
-def _wait_for(process: SessionProcess, kind: str) -> dict[str, Any] | None:
-    """The first event of ``kind`` within START_BUDGET (None: the process ended or stalled)."""
-    give_up = time.monotonic() + START_BUDGET
-    while time.monotonic() < give_up:
-        ready, _, _ = select.select([process.events_r], [], [], LIVENESS_TICK)
-        if not ready:
-            continue
-        try:
-            data = os.read(process.events_r, sv.CHUNK)
-        except BlockingIOError:
-            continue
-        except OSError:
-            return None
-        if not data:
-            return None
-        try:
-            for event in process.events.feed(data):
-                if event.get("type") == kind:
-                    return event
-        except wire.WireError:
-            return None
+CREDENTIALS = struct.Struct("iII")
+"""``struct ucred``: pid, uid, gid."""
+
+
+def _copy_pid(sock: socket.socket) -> int | None:
+    """The pid of the session's copy, from the kernel: None if it did not announce itself.
+
+    Why not a pid the copy reports: it runs the session's code, which can say
+    anything (``os.getpid`` replaced: a pid of 2**70 made the supervisor's
+    ``waitpid`` raise, and the agent, the family and the cell's own result were
+    lost as a ``sandbox_error``). With ``SO_PASSCRED`` on our end, the kernel
+    attaches the sending process's own pid and uid to what it sends; a process
+    without CAP_SYS_ADMIN (no call has it) cannot claim another's.
+    """
+    try:
+        sock.settimeout(START_BUDGET)
+        data, ancillary, _flags, _addr = sock.recvmsg(
+            len(zygote.FORKED_BYTE), socket.CMSG_SPACE(CREDENTIALS.size)
+        )
+    except OSError:  # (a timeout too: it stalled, or out of memory or processes)
+        return None
+    finally:
+        sock.settimeout(None)
+    if data != zygote.FORKED_BYTE:
+        return None
+    for level, kind, body in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+            pid, uid, _gid = CREDENTIALS.unpack(body[: CREDENTIALS.size])
+            if uid == sv.State.sandbox.uid and pid > 1:
+                return int(pid)
     return None
 
 

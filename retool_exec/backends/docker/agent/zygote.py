@@ -39,6 +39,8 @@ from typing import Any
 from . import forking, generators, identity, reset, wire
 
 EVENTS_FD, REQUEST_FD, STARTED_FD = 3, 4, 5
+FORKED_BYTE = b"F"
+"""What a session's copy sends on its new request socket once it serves it."""
 """In a child: 3 carries its events to the supervisor, 4 its request (a unix socket), 5
 the one byte that says its code starts (closed before the code exists, see ``_mark_started``)."""
 CHILD_FDS = 5
@@ -754,7 +756,9 @@ def run_session(request_sock: socket.socket) -> int:
     ``{"type": "cell"}`` comes with its stdout/stderr pipes; ``{"type": "fork"}``
     with a new events pipe and request socket: this process forks twice (so
     the copy's parent is PID 1, the supervisor, which sees its exit status),
-    and the copy reports ``forked`` on its new events pipe and serves those.
+    and the copy announces itself with ``FORKED_BYTE`` on its new request socket
+    (whose credentials the kernel vouches for: ``sessions._copy_pid``) and
+    serves those.
     """
     namespace = _fresh_main()
     index = 0
@@ -775,7 +779,7 @@ def run_session(request_sock: socket.socket) -> int:
                 except (OSError, ValueError) as exc:
                     _send_event({"type": "fork_failed", "reason": str(exc)[:300]})
                     os._exit(70)
-                _send_event({"type": "forked", "pid": os.getpid()})
+                request_sock.send(FORKED_BYTE)  # its pid: the kernel's, not ours to say
         else:
             for fd in fds:
                 os.close(fd)
