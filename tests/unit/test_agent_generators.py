@@ -29,19 +29,22 @@ SCRIPT = textwrap.dedent(
     library.legacy = numpy.random.RandomState(4)
     library.modern = numpy.random.default_rng(5)
     library.pcg_state = numpy.random.RandomState(numpy.random.PCG64(6))
+    library.standalone = numpy.random.PCG64(7)
     sys.modules["some_library"] = library
+    entropies = {numpy.random.mtrand._rand._bit_generator._seed_seq.entropy,
+                 library.modern.bit_generator._seed_seq.entropy, 7}
 
     def state(obj):
         if isinstance(obj, _random.Random):
             return obj.getstate()
         if hasattr(obj, "get_state"):
             return obj.get_state(legacy=False)
-        return obj.bit_generator.state
+        return getattr(obj, "bit_generator", obj).state
 
     watched = {"rng": library.rng, "inner": library.holder["inner"], "bare": library.bare,
                "legacy": library.legacy, "modern": library.modern,
                "pcg_state": library.pcg_state, "global random": random._inst,
-               "global numpy": numpy.random.mtrand._rand}
+               "global numpy": numpy.random.mtrand._rand, "standalone": library.standalone}
     found = generators.find()
     before = {name: pickle.dumps(state(obj)) for name, obj in watched.items()}
     generators.reseed(found)
@@ -55,6 +58,10 @@ SCRIPT = textwrap.dedent(
             for g in found),
         "unchanged": sorted(name for name in watched if before[name] == after[name]),
         "draws": [library.rng.random(), library.modern.random(), float(library.legacy.rand())],
+        "same seed sequences": [name for name, bits in (
+            ("global numpy", numpy.random.mtrand._rand._bit_generator),
+            ("modern", library.modern.bit_generator), ("standalone", library.standalone))
+            if bits._seed_seq.entropy in entropies],
     }))
     """
 )
@@ -71,8 +78,11 @@ def report() -> dict[str, object]:
 
 def test_every_generator_is_found_by_class_wherever_it_is_held(report: dict) -> None:
     assert report["found"] == sorted(
-        ["rng", "inner", "bare", "legacy", "modern", "pcg_state", "global random", "global numpy"]
-    )
+        [
+            "rng", "inner", "bare", "legacy", "modern", "pcg_state", "global random",
+            "global numpy", "standalone",
+        ]
+    )  # fmt: skip
 
 
 def test_stateless_and_owned_generators_are_not_listed_twice(report: dict) -> None:
@@ -82,6 +92,7 @@ def test_stateless_and_owned_generators_are_not_listed_twice(report: dict) -> No
 
 def test_the_reseed_changes_every_state_and_they_still_draw(report: dict) -> None:
     assert report["unchanged"] == []
+    assert report["same seed sequences"] == []  # spawn() gives new child streams too
     assert all(isinstance(value, float) for value in report["draws"])  # type: ignore[union-attr]
 
 
