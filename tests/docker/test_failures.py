@@ -328,6 +328,33 @@ def test_a_notebook_of_many_large_values_is_cut_not_a_failure() -> None:
     assert (after.outcome, after.stdout) == (Outcome.SUCCESS, "next\n")
 
 
+@pytest.mark.parametrize("runtime", ["runc", "runsc"])
+def test_a_large_result_made_to_come_late_keeps_the_calls_own_timeout(runtime: str) -> None:
+    """127 cells of 65,536-emoji values and output, then a cell that spins past the limit:
+    encoding, cutting and sending that result took longer than the host's grace, and
+    the call's own timeout came back as sandbox_error (a sample trainers drop) in 2 of 2
+    runs on each runtime (the sixth red-team round). Now the agent says how the call
+    ended before that work, and the host returns that outcome on time, output lost."""
+    from tests.contract.test_backend_contract import run_cells
+
+    require_docker()
+    big = (
+        'import os\nos.write(1, b"\\x01" * 16384); os.write(2, b"\\x01" * 16384)\n'
+        '"\\U0001F600" * 70000\n'
+    )
+    limit = 6.0
+    config = DockerConfig(policy="reuse", pool_size=1, runtime=runtime, labels=LABELS)
+    with Sandbox(config, max_workers=1) as sandbox:
+        sandbox.run_code("print('warm')")
+        result = run_cells(
+            sandbox, *([big] * 127), "print('my answer')\nwhile True: pass\n", timeout=limit
+        )
+        after = sandbox.run_code("print('next')")
+    assert result.outcome is Outcome.TIMEOUT, (result.outcome, result.detail)
+    assert result.latency - result.queue_wait <= limit + 1.0, result.latency
+    assert (after.outcome, after.stdout) == (Outcome.SUCCESS, "next\n")
+
+
 def test_a_container_that_died_while_idle_is_never_handed_out(reuse_one: Sandbox) -> None:
     """Its code never ran, so the call runs on a fresh container instead (issue 12.6)."""
     [container_id] = pool_containers(reuse_one)

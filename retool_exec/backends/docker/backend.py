@@ -47,14 +47,21 @@ log = logging.getLogger(__name__)
 START_GRACE = 5.0
 """Seconds a container has to start the code (its "started" frame); past them it is taken
 as broken (paused, wedged) and, since the code provably never ran, the call moves on."""
+RESULT_AFTER_LIMIT = 0.8
+"""Seconds past its time limit that a call's result may take once the agent has said the
+call ended (an ``ended`` frame): then the call comes back on time with its own outcome,
+its output lost (``DockerBackend._output_lost``), whatever its code made the result (0.8 s:
+within the promise of timeout + 1 s, with room for the host's own steps)."""
 RETRIES_BEFORE_START = 1
 """Times a call whose container failed before its code began is run on another one."""
 
 
 class CallProgress:
-    """What the host has seen of one call: whether its code has started."""
+    """What the host has seen of one call: whether its code has started, how it ended."""
 
     code_started = False
+    ended: dict[str, Any] | None = None
+    """The agent's ``ended`` frame: the outcome, sent ahead of a result that may be slow."""
 
 
 class DockerBackend(Backend):
@@ -210,6 +217,8 @@ class DockerBackend(Backend):
                     continue
                 if oom:  # the code outgrew the container (gVisor kills the sandbox as a whole)
                     return self._container_oom(started, waited)
+                if isinstance(exc, TimeoutError) and progress.ended is not None:
+                    return self._output_lost(progress.ended, started, waited)
                 if isinstance(exc, TimeoutError):
                     return self._failure(
                         started,
@@ -318,12 +327,18 @@ class DockerBackend(Backend):
         await container.channel.send(frame, timeout=START_GRACE)
         while True:
             until = deadline if progress.code_started else start_deadline
+            if progress.ended is not None:
+                until = min(until, sent + request.timeout + RESULT_AFTER_LIMIT)
             reply = await container.channel.receive(timeout=max(0.0, until - time.monotonic()))
             authentic = reply.get("id") == call_id and hmac.compare_digest(
                 str(reply.get("nonce")), container.nonce
             )
             if reply.get("type") == "started" and authentic:
                 progress.code_started = True
+                continue
+            if reply.get("type") == "ended" and authentic:
+                progress.code_started = True
+                progress.ended = reply
                 continue
             if reply.get("type") == "result" and authentic:
                 return reply
@@ -417,6 +432,32 @@ class DockerBackend(Backend):
             timed_out=False,
             latency=time.perf_counter() - started,
             outcome=Outcome.OOM,
+            backend=self.name,
+            queue_wait=waited,
+            detail=detail,
+        )
+
+    def _output_lost(self, ended: dict[str, Any], started: float, waited: float) -> ExecResult:
+        """The call's own outcome, from the agent's ``ended`` frame, when its result (fetched
+        files, cells, large output) did not arrive by the deadline: the outcome stands,
+        the output is lost and said to be (the container, still busy, is retired)."""
+        timed_out = bool(ended.get("timed_out"))
+        raw_code = ended.get("returncode")
+        returncode = None if timed_out or not isinstance(raw_code, int) else raw_code
+        outcome = classify_exit(returncode, timed_out=timed_out, oom=bool(ended.get("oom")))
+        detail = (
+            "the call's output was lost: its result (large output, fetched files or cells) "
+            f"did not arrive within {RESULT_AFTER_LIMIT:g} s of its time limit"
+        )
+        log.warning("%s", detail)
+        return ExecResult(
+            ok=outcome is Outcome.SUCCESS,
+            stdout="",
+            stderr="",
+            returncode=returncode,
+            timed_out=timed_out,
+            latency=time.perf_counter() - started,
+            outcome=outcome,
             backend=self.name,
             queue_wait=waited,
             detail=detail,

@@ -739,6 +739,9 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
         drain_pipe(fd, tails, open_pipes, poller, close=True)
     started_code = child.check_started()  # the child is gone: the gate said all it will
     child.close_channels()  # (its output pipes were closed above)
+    big = request.get("fetch") or cells or sum(len(tail.buf) for tail in tails.values()) > SMALL
+    if big and started_code:
+        announce_ended(request, nonce, None if timed_out else returncode, timed_out, oom_before)
     # Fetched files are read only once nothing of the call can still write them;
     # otherwise the wait for the last process to go is the reset's, off the hot path.
     left = end_all_calls() if request.get("fetch") else []
@@ -783,6 +786,41 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
     if left:
         result["leftover"] = f"processes would not die: {left[:5]}"
     return result
+
+
+SMALL = 1 << 18
+"""Bytes of output below which a result is encoded and sent at once: above them, or with
+fetched files or cells, the outcome goes ahead in an ``ended`` frame (``announce_ended``)."""
+
+
+def announce_ended(
+    request: dict[str, Any],
+    nonce: object,
+    returncode: int | None,
+    timed_out: bool,
+    oom_before: int | None,
+) -> None:
+    """Tell the host how the call ended before the work whose size the call chose.
+
+    Why: reading fetched files, building cells' records and encoding a result of up to
+    64 MiB (``result_fit`` may encode it several times) take a time the call controls,
+    after its deadline; past the host's grace the call was a ``sandbox_error`` (a
+    sample trainers drop) instead of its own timeout. With this frame the host can
+    return the call's own outcome on time, its output marked lost.
+    """
+    oom_after = oom_kills()
+    oom = oom_before is not None and oom_after is not None and oom_after > oom_before
+    write_frame(
+        1,
+        {
+            "type": "ended",
+            "id": request.get("id"),
+            "nonce": nonce,
+            "returncode": returncode,
+            "timed_out": timed_out,
+            "oom": oom and returncode != 0 and not timed_out,
+        },
+    )
 
 
 def _joined(cell_results: list[dict[str, Any]], cap: int) -> tuple[Tail, Tail]:
