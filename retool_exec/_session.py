@@ -22,6 +22,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
 from retool_exec._errors import SessionLostError
+from retool_exec._formatting import MAX_OUTPUT_CHARS
 from retool_exec._models import ExecResult
 from retool_exec.backends.base import SessionHandle
 
@@ -72,17 +73,29 @@ class Session:
     def format_tool_content(self, result: ExecResult) -> str:
         """The observation for ``result``: as ``Sandbox.format_tool_content``, and for a cell
         that succeeded, its stdout followed by the value of its final expression (as a
-        notebook shows ``Out[n]``), so a model sees ``x * 7`` without a print."""
-        shown = [
-            item.get("text/plain", "")
+        notebook shows ``Out[n]``, bounded: ``value_text``), so a model sees ``x * 7``
+        without a print."""
+        shown = self.value_text(result)
+        if result.ok and shown:
+            result = result.model_copy(update={"stdout": f"{result.stdout}{shown}\n"})
+        return self._sandbox.format_tool_content(result)
+
+    def value_text(self, result: ExecResult) -> str:
+        """The value of the cell's final expression as text ("" when none), bounded like a
+        stream: at most the backend's ``max_output_chars`` (its head, and how much was
+        left out). Why: the agent keeps up to 64 KiB of a value; a cell ending in
+        ``'A' * 10**6`` made a 69,665-character observation (the sixth red-team round)."""
+        shown = "\n".join(
+            str(item.get("text/plain", ""))
             for cell in result.cells
             for item in cell.display
             if isinstance(item, dict)
-        ]
-        if result.ok and shown:
-            stdout = result.stdout + "".join(f"{text}\n" for text in shown)
-            result = result.model_copy(update={"stdout": stdout})
-        return self._sandbox.format_tool_content(result)
+        )
+        config = getattr(self._sandbox.backend, "config", None)
+        limit = getattr(config, "max_output_chars", MAX_OUTPUT_CHARS)
+        if len(shown) > limit:
+            return f"{shown[:limit]}... [{len(shown) - limit} more characters of the value]"
+        return shown
 
     # -- branching -------------------------------------------------------------
 

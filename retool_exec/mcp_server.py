@@ -274,18 +274,11 @@ class SandboxTools:
             except SessionLostError as exc:
                 raise self._gone(session_id, session, exc) from exc
             lost = session.lost
-            shown = [
-                item.get("text/plain", "")
-                for cell in result.cells
-                for item in cell.display
-                if isinstance(item, dict)
-            ]
+            shown = session.value_text(result)
             output = SessionRunOutput(
                 **self._run_output(result).model_dump(),
                 session_id=session_id,
-                value=sanitize_tool_content("\n".join(shown), self.sandbox.markers)
-                if shown
-                else None,
+                value=sanitize_tool_content(shown, self.sandbox.markers) if shown else None,
                 session_lost=lost,
             )
             answer = self._answer(result, session.format_tool_content(result), output)

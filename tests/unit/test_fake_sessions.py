@@ -148,3 +148,30 @@ def test_a_fake_from_config_answers_session_cells_with_its_values() -> None:
     with Sandbox("fake") as sandbox, sandbox.session() as session:
         result = session.run_code("anything")
         assert (result.ok, result.stdout) == (True, "")
+
+
+def test_a_cells_value_in_the_observation_is_bounded_like_a_stream() -> None:
+    """The agent keeps up to 64 KiB of a value; the observation shows its head, at most
+    ``max_output_chars``, and how much was left out (the sixth red-team round)."""
+    from retool_exec import CellResult
+
+    def handler(cell: FakeCell) -> ExecResult | str:
+        value = "A" * 65_536 if "big" in cell.code else "42"
+        return ExecResult(
+            ok=True,
+            stdout="printed\n",
+            stderr="",
+            returncode=0,
+            timed_out=False,
+            latency=0.0,
+            cells=[CellResult(finished=True, display=[{"text/plain": value}])],
+        )
+
+    with Sandbox(FakeBackend(session_handler=handler)) as sandbox, sandbox.session() as session:
+        small = session.format_tool_content(session.run_code("x"))
+        big_result = session.run_code("big")
+        big = session.format_tool_content(big_result)
+        value = session.value_text(big_result)
+    assert "printed\n42\n" in small
+    assert value == "A" * 4096 + "... [61440 more characters of the value]"
+    assert value + "\n" in big and len(big) < 4096 + 200
