@@ -730,11 +730,17 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
         kill_calls()
     settle = time.monotonic() + (TIMEOUT_SETTLE_SECONDS if timed_out else SETTLE_SECONDS)
     while open_pipes and time.monotonic() < settle:
-        for fd, _event in poller.poll(50):
+        woken = poller.poll(50)
+        for fd, _event in woken:
             if fd in open_pipes:  # (non-blocking: a stale event cannot stall us)
                 pump(fd, tails, open_pipes, poller)
             elif fd in controls:
                 take_exit_messages()
+        if not woken and not call_processes():
+            # No writer is left, yet a pipe is open: its end is held in flight (a unix
+            # socket cycle the call made, which only the kernel's collector ends). Nothing
+            # more can come: waiting for end-of-file would only spend the call's time.
+            break
     for fd in list(open_pipes):
         drain_pipe(fd, tails, open_pipes, poller, close=True)
     started_code = child.check_started()  # the child is gone: the gate said all it will
