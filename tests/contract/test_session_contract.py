@@ -611,3 +611,34 @@ def test_the_observation_of_a_cell_shows_its_final_value() -> None:
         result = s.run_code("print('side'); x * 7")
         assert result.stdout == "side\n"  # the stdout a reward compares stays the code's own
         assert s.format_tool_content(result) == "side\n42\n"
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("backend_id", ["docker-reuse", "docker-runsc"])
+def test_a_docker_cell_cancelled_by_its_caller_leaves_its_family_as_it_was(
+    backend_id: str,
+) -> None:
+    """The caller gives up on a cell (``asyncio.wait_for``, an MCP client's cancel); the
+    cell still runs to its end in the family's container, whose stream stays in step.
+    Before, the family's next request took the cell's answer for a broken stream and
+    every session of the family was lost as ``sandbox_error`` (the sixth red-team round)."""
+    from tests.conftest import require_docker
+
+    require_docker()
+
+    async def scenario(sandbox: Sandbox) -> tuple[ExecResult, ExecResult, ExecResult]:
+        async with sandbox.session() as session:
+            await session.arun_code("x = 1")
+            branch = await session.afork()
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(session.arun_code("import time; time.sleep(1.5)"), 0.3)
+            after_branch = await branch.arun_code("x + 1")
+            after_root = await session.arun_code("x")
+            other = await sandbox.arun_code("print('stateless')")
+            return after_branch, after_root, other
+
+    with own_sandbox(backend_id, timeout=10) as sandbox:
+        after_branch, after_root, other = asyncio.run(scenario(sandbox))
+    assert (after_branch.outcome, shown(after_branch)) == (Outcome.SUCCESS, "2"), after_branch
+    assert (after_root.outcome, shown(after_root)) == (Outcome.SUCCESS, "1"), after_root
+    assert other.stdout == "stateless\n"

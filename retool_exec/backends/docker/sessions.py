@@ -64,7 +64,22 @@ class SessionFamily:
     async def request(
         self, frame: dict[str, Any], reply_type: str, timeout: float
     ) -> dict[str, Any]:
-        """Send one authenticated frame and wait for its answer; a failure loses the family."""
+        """Send one authenticated frame and wait for its answer; a failure loses the family.
+
+        The exchange runs as a task of its own, shielded from its caller: a caller that
+        gives up (``asyncio.wait_for``, Ctrl-C around ``run_code``, an MCP client's
+        cancel) leaves it to finish, so the agent's answer is always read and the stream
+        stays in step. Cancelled with its caller, it left the answer for the family's next
+        request, which took it for a broken stream and lost every session of the family
+        as ``sandbox_error`` after ~7 s (the sixth red-team round).
+        """
+        exchange = asyncio.ensure_future(self._exchange(frame, reply_type, timeout))
+        exchange.add_done_callback(_retrieved)  # its failure, if nobody awaits it any more
+        return await asyncio.shield(exchange)
+
+    async def _exchange(
+        self, frame: dict[str, Any], reply_type: str, timeout: float
+    ) -> dict[str, Any]:
         async with self._lock:
             if self.lost is not None:
                 raise SessionLostError(f"this session is gone: {self.lost}")
@@ -112,6 +127,12 @@ class SessionFamily:
         if not self.sessions and self.lost is None:
             self.lost = "the session family ended"
             await self.backend.destroy_session_container(self.container)
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    """Take a finished exchange's exception (already recorded as the family's loss)."""
+    if not task.cancelled():
+        task.exception()
 
 
 class DockerSession(SessionHandle):
