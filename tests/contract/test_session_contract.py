@@ -642,3 +642,27 @@ def test_a_docker_cell_cancelled_by_its_caller_leaves_its_family_as_it_was(
     assert (after_branch.outcome, shown(after_branch)) == (Outcome.SUCCESS, "2"), after_branch
     assert (after_root.outcome, shown(after_root)) == (Outcome.SUCCESS, "1"), after_root
     assert other.stdout == "stateless\n"
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("backend_id", ["docker-reuse", "docker-runsc"])
+def test_an_interrupt_that_misses_the_cells_code_does_not_end_the_session(
+    backend_id: str,
+) -> None:
+    """A cell timeout so small that the interrupt lands before the cell's code starts, or
+    after it ended: the session's own loop took the KeyboardInterrupt, its interpreter
+    died and the session was lost (5 of 5 under 1e-6 s; 10-40% of cells ending near their
+    deadline; the sixth red-team round). Now only a cell's code can be interrupted."""
+    from tests.conftest import require_docker
+    from tests.contract.test_backend_contract import run_cells
+
+    require_docker()
+    with own_sandbox(backend_id, timeout=10) as sandbox:
+        with sandbox.session() as session:
+            session.run_code("x = 41")
+            tiny = [session.run_code("y = 1", timeout=1e-6) for _ in range(5)]
+            after = session.run_code("x + 1")
+        notebook = run_cells(sandbox, "a = 1", "a + 1", timeout=10, cell_timeout=1e-9)
+    assert all("session lost" not in result.detail for result in tiny), [r.detail for r in tiny]
+    assert (after.outcome, shown(after)) == (Outcome.SUCCESS, "42"), after
+    assert notebook.outcome is not Outcome.SANDBOX_ERROR, notebook.detail

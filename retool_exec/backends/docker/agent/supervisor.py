@@ -648,7 +648,11 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
             kill_calls()  # no cell of it can end any more: ended, as a session that does this
             broken_at = None
         if cells and cell_index >= 0 and now >= cell_deadline:
-            if interrupted_at is None:
+            if interrupted_at is None and not child.check_started():
+                # No code of it runs yet, nothing to interrupt (the signal would end the
+                # process before its code): look again soon; the call's deadline holds.
+                cell_deadline = min(deadline, now + 0.005)
+            elif interrupted_at is None:
                 cell_results[cell_index]["timed_out"] = True
                 signal_call(child.pid, signal.SIGINT)
                 interrupted_at = now

@@ -378,6 +378,8 @@ def child_main(events_w: int, request_r: int, out_w: int, err_w: int, started_w:
             data = int(memory_mb) * 1024 * 1024
             resource.setrlimit(resource.RLIMIT_DATA, (data, data))
         _set_stdin(request.get("stdin"))
+        if request.get("session") or request.get("cells"):
+            Interrupts.between_cells()  # before the mark: the supervisor interrupts after it
         # From here on the call's own code runs: an ending before this mark is the
         # sandbox's failure, after it the code's.
         if not _mark_started():
@@ -833,6 +835,32 @@ def _install_output(fds: list[int]) -> None:
             os.close(fd)
 
 
+class Interrupts:
+    """SIGINT (a cell past its timeout: KeyboardInterrupt) reaches a cell's code only.
+
+    Why: the supervisor interrupts a cell at its deadline, and a cell that ended
+    just then (its end still in the pipe), or had not started yet, took the
+    signal in this loop's own code, outside any cell: the interpreter died and
+    the session was lost (10 to 40% of cells ending near their deadline, most
+    under gVisor), a notebook with a tiny cell timeout ended as "the process
+    ended before the code started" (the sixth red-team round). Between cells
+    SIGINT is ignored (a signal that came but was not yet handled is dropped too:
+    Python runs the handler set when it checks, none); a cell gets the handler
+    its session has, the default ``KeyboardInterrupt`` or one an earlier cell set.
+    """
+
+    handler: Any = _signal.default_int_handler
+
+    @classmethod
+    def between_cells(cls) -> None:
+        # What the cell left is kept for the next cell (SIG_IGN too, if it chose that).
+        cls.handler = _signal.signal(SIGINT_NUMBER, _signal.SIG_IGN)
+
+    @classmethod
+    def in_cell(cls) -> None:
+        _signal.signal(SIGINT_NUMBER, cls.handler)
+
+
 def _one_cell(source: str, namespace: dict[str, Any], index: int, token: str) -> None:
     """Run one cell on the output pipes now on 1 and 2, then point 1 and 2 at /dev/null.
 
@@ -842,9 +870,13 @@ def _one_cell(source: str, namespace: dict[str, Any], index: int, token: str) ->
     _std_streams()
     display, error = [], []
     try:
-        value = _run_cell(source, namespace, index)
-        if value is not None:
-            display.append({"text/plain": _safe_repr(value)})
+        Interrupts.in_cell()
+        try:
+            value = _run_cell(source, namespace, index)
+            if value is not None:
+                display.append({"text/plain": _safe_repr(value)})
+        finally:
+            Interrupts.between_cells()
     except BaseException as exc:
         error.append(_error_record(exc))
         _print_exception(exc)
