@@ -7,7 +7,6 @@ when the command runs, so ``retool-exec --help`` works without them.
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 import socket
 import sys
@@ -26,6 +25,7 @@ from retool_exec.cli._common import (
     backend_list,
     build_configs,
 )
+from retool_exec.server.guards import is_loopback
 
 __all__ = ["TOKEN_ENV", "bind_socket", "build_config", "is_loopback", "register"]
 
@@ -137,16 +137,6 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=_handle)
 
 
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` binds only to this machine."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _workers(args: argparse.Namespace) -> int:
     return int(args.max_concurrency or max(1, os.cpu_count() or 1))
 
@@ -235,6 +225,7 @@ def _handle(args: argparse.Namespace) -> int:
             queue_timeout=args.queue_timeout,
             token=SecretStr(token) if token else None,
             prefix=args.root_path,
+            loopback_only=is_loopback(args.host),
             max_run_timeout=args.max_run_timeout,
             max_memory_mb=args.max_memory_mb,
         )

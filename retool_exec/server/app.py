@@ -41,7 +41,12 @@ from retool_exec.backends.config import BackendConfigBase
 from retool_exec.backends.registry import backend_config
 from retool_exec.server.admission import ClientGone, Overloaded
 from retool_exec.server.files import RequestRejected
-from retool_exec.server.guards import BodyLimitMiddleware, TokenMiddleware, presented_token
+from retool_exec.server.guards import (
+    BodyLimitMiddleware,
+    BrowserGuardMiddleware,
+    TokenMiddleware,
+    presented_token,
+)
 from retool_exec.server.schemas import (
     ExecRequest,
     RunCodeRequest,
@@ -110,6 +115,7 @@ def create_app(
         app.include_router(router, prefix=settings.prefix, include_in_schema=False)
     _add_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BrowserGuardMiddleware, check_host=settings.loopback_only)
     if settings.token is not None:
         open_paths = {"/v1/ping", f"{settings.prefix}/v1/ping"}
         app.add_middleware(

@@ -1,4 +1,4 @@
-"""What stands between the network and the sandbox: a body-size cap and the token.
+"""What stands between the network and the sandbox: a body-size cap, the token, and browsers.
 
 Both are plain ASGI so they act before FastAPI parses anything: an oversized
 body is refused without being held in memory, and a request without the token
@@ -13,11 +13,21 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
+import ipaddress
 import json
 from collections.abc import Awaitable, Callable, Collection, MutableMapping
 from typing import Any
+from urllib.parse import urlsplit
 
-__all__ = ["BodyLimitMiddleware", "TokenMiddleware", "presented_token", "token_matches"]
+__all__ = [
+    "BodyLimitMiddleware",
+    "BrowserGuardMiddleware",
+    "TokenMiddleware",
+    "is_loopback",
+    "is_loopback_host",
+    "presented_token",
+    "token_matches",
+]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -162,3 +172,60 @@ def _header(scope: Scope, name: bytes) -> str | None:
         if key.lower() == name:
             return bytes(value).decode("latin-1")
     return None
+
+
+def is_loopback(name: str) -> bool:
+    """Whether a host name or address is this machine's loopback (``localhost``,
+    127.0.0.0/8, ``::1``)."""
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether a ``Host`` header's or an origin's ``host[:port]`` is loopback."""
+    try:
+        return is_loopback(urlsplit(f"//{host}").hostname or "")
+    except ValueError:  # a malformed port or bracket
+        return False
+
+
+class BrowserGuardMiddleware:
+    """Answers 403 to what only a web page sends: a foreign ``Origin``, or (on a server
+    bound to loopback) a ``Host`` that is not loopback.
+
+    Why: a page in any browser on this machine may POST to ``http://127.0.0.1:8080``
+    (a ``text/plain`` body needs no CORS preflight, and this server reads any body as
+    JSON), so every web page could run code in the sandbox, and on the host itself
+    with ``--backend local``; with DNS rebinding (``Host: evil.example`` resolving to
+    127.0.0.1) it could read the answers too. Training clients send no ``Origin``
+    and a loopback ``Host`` (the sixth red-team round). The MCP server's transport
+    refuses the same requests.
+    """
+
+    def __init__(self, app: ASGIApp, *, check_host: bool) -> None:
+        self.app = app
+        self.check_host = check_host
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {name.lower(): value for name, value in scope.get("headers", [])}
+        origin = headers.get(b"origin")
+        if origin is not None and not _local_origin(origin.decode("latin-1")):
+            await _send_json(send, 403, "cross-origin requests are refused")
+            return
+        host = headers.get(b"host", b"").decode("latin-1")
+        if self.check_host and not is_loopback_host(host):
+            await _send_json(send, 403, f"Host {host[:100]!r} is not this machine's loopback")
+            return
+        await self.app(scope, receive, send)
+
+
+def _local_origin(origin: str) -> bool:
+    parts = urlsplit(origin)
+    return parts.scheme in ("http", "https") and is_loopback_host(parts.netloc)

@@ -60,6 +60,10 @@ class ServerSettings(BaseModel):
     <token>`` (or HTTP Basic auth with the token as the password)."""
     prefix: str = ""
     """Path prefix the API is served under as well as at the root (e.g. ``/faas/sandbox``)."""
+    loopback_only: bool = False
+    """Refuse a request whose ``Host`` is not loopback (DNS rebinding); ``retool-exec
+    serve`` sets it when it listens on a loopback address. A request with a foreign
+    ``Origin`` (a web page) is refused always (``guards.BrowserGuardMiddleware``)."""
     default_run_timeout: float = Field(default=10.0, gt=0)
     """Seconds for a request that does not say (SandboxFusion's default)."""
     max_run_timeout: float = Field(default=120.0, gt=0, le=24 * 3600)
