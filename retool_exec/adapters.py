@@ -25,6 +25,7 @@ endpoints give HTTP clients the same sessions. See ``docs/server.md``.
 from __future__ import annotations
 
 import asyncio
+import collections
 import copy
 import functools
 import importlib
@@ -294,6 +295,11 @@ def _tool_schema(schema: Mapping[str, Any]) -> Any:
     return cls.model_validate(dict(schema))
 
 
+ENDED_KEPT = 4096
+"""Trajectories whose session ended by itself that ``SessionCodeTool`` remembers (to tell
+their next call why), the newest first; older ones get a new session without the note."""
+
+
 class SessionCodeTool:
     """A verl tool (``verl.tools.base_tool.BaseTool``'s interface): one interpreter per trajectory.
 
@@ -345,6 +351,9 @@ class SessionCodeTool:
         self._sandbox = sandbox
         self._owns_sandbox = sandbox is None
         self._sessions: dict[str, Session] = {}
+        self._ended: collections.OrderedDict[str, str] = collections.OrderedDict()
+        """Why the session of a trajectory ended between its calls (idle past its TTL),
+        for its next call's observation; the newest ``ENDED_KEPT`` only."""
         self._instances: dict[str, str] = {}
         self._opening: dict[str, asyncio.Lock] = {}
 
@@ -371,7 +380,7 @@ class SessionCodeTool:
     @property
     def open_sessions(self) -> int:
         """Trajectories with a session open now."""
-        return len(self._sessions)
+        return sum(session.lost is None for session in self._sessions.values())
 
     async def create(self, instance_id: str | None = None, **_kwargs: Any) -> tuple[str, Any]:
         """A tool instance for a call (verl) or a trajectory; the session opens on first use."""
@@ -438,10 +447,11 @@ class SessionCodeTool:
     async def _session(self, key: str) -> tuple[Session, str | None]:
         """The trajectory's session, and why its previous one ended if it did between calls
         (idle past ``session_ttl``, say): the observation must say so."""
+        self._forget_ended(but=key)
         lock = self._opening.setdefault(key, asyncio.Lock())
         async with lock:  # parallel calls of one trajectory open one session
             session = self._sessions.get(key)
-            ended = session.lost if session is not None else None
+            ended = session.lost if session is not None else self._ended.pop(key, None)
             if session is None or ended is not None:
                 if session is not None:
                     await session.aclose()
@@ -449,7 +459,23 @@ class SessionCodeTool:
                 self._sessions[key] = session
             return session, ended
 
+    def _forget_ended(self, but: str) -> None:
+        """Drop the sessions that ended by themselves (idle past ``session_ttl``, say),
+        keeping only why, for a while: verl never says a trajectory is over, and a
+        table of every trajectory's session grew without bound (~31 KiB each on Docker;
+        the sixth red-team round)."""
+        for key, session in list(self._sessions.items()):
+            lock = self._opening.get(key)
+            if key == but or session.lost is None or (lock is not None and lock.locked()):
+                continue
+            del self._sessions[key]
+            self._opening.pop(key, None)
+            self._ended[key] = session.lost
+            while len(self._ended) > ENDED_KEPT:
+                self._ended.popitem(last=False)
+
     async def _close(self, key: str) -> None:
+        self._ended.pop(key, None)
         self._opening.pop(key, None)
         session = self._sessions.pop(key, None)
         if session is not None:

@@ -294,3 +294,30 @@ def test_concurrency_bounds_the_open_forks() -> None:
         assert most == 3  # the root and two forks
         with pytest.raises(ValueError, match="concurrency"):
             run_branches(box, "p", ["a"], concurrency=0)
+
+
+def test_trajectories_whose_sessions_ended_by_themselves_are_not_kept() -> None:
+    """verl never says a trajectory is over: sessions end when idle past the TTL, and
+    the tool kept every one of them in its tables (the sixth red-team round). Now it
+    keeps only why they ended, for their next call, and a bounded number of those."""
+    from retool_exec import adapters
+
+    with Sandbox(FakeBackend(session_handler=history), session_ttl=0.2) as sandbox:
+        tool = SessionCodeTool({}, sandbox=sandbox)
+
+        async def rollouts() -> tuple[int, int, str]:
+            for number in range(40):
+                await call_tool(tool, "x", AgentData(f"r{number}"))
+            deadline = time.monotonic() + 10
+            while sandbox.open_sessions and time.monotonic() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)  # (the TTL reaper has no event to wait on)
+            again = await call_tool(tool, "y", AgentData("r0"))  # the first trajectory
+            kept = len(tool._sessions) + len(tool._opening)
+            live = tool.open_sessions
+            await tool.aclose()
+            return kept, live, again
+
+        kept, live, again = asyncio.run(rollouts())
+    assert kept <= 2 and live == 1
+    assert "[the interpreter of the earlier calls had ended (it was idle" in again
+    assert adapters.ENDED_KEPT >= 1024  # the notes a long run still gives
