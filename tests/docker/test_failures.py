@@ -355,6 +355,25 @@ def test_a_large_result_made_to_come_late_keeps_the_calls_own_timeout(runtime: s
     assert (after.outcome, after.stdout) == (Outcome.SUCCESS, "next\n")
 
 
+@pytest.mark.parametrize("runtime", ["runc", "runsc"])
+def test_a_call_past_its_cpu_time_is_cpu_limit_not_a_bare_kill(runtime: str) -> None:
+    """With the soft CPU limit equal to the hard one, Linux and gVisor sent SIGKILL first:
+    a bare "signal 9" that SandboxFusion's clients read as an OOM kill (the sixth
+    red-team round). The call lowers only its soft limit, as the agent's own gap does."""
+    require_docker()
+    code = (
+        "import resource\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_CPU)\n"
+        "assert hard > soft, (soft, hard)\n"
+        "resource.setrlimit(resource.RLIMIT_CPU, (1, hard))\n"
+        "while True: pass\n"
+    )
+    config = DockerConfig(policy="reuse", pool_size=1, runtime=runtime, labels=LABELS)
+    with Sandbox(config, max_workers=1) as sandbox:
+        result = sandbox.run_code(code, timeout=20)
+    assert (result.outcome, result.returncode) == (Outcome.CPU_LIMIT, -24), result
+
+
 def test_a_container_that_died_while_idle_is_never_handed_out(reuse_one: Sandbox) -> None:
     """Its code never ran, so the call runs on a fresh container instead (issue 12.6)."""
     [container_id] = pool_containers(reuse_one)

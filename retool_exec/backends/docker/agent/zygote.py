@@ -372,7 +372,10 @@ def child_main(events_w: int, request_r: int, out_w: int, err_w: int, started_w:
             status = 0
             return  # a spare discarded unused
         cpu = int(request.get("cpu_seconds", 35))
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+        # Soft below hard: at the soft limit Linux (and gVisor) send SIGXCPU, which reads
+        # as cpu_limit; with the two equal the hard limit's SIGKILL came first, a bare
+        # "signal 9" that SandboxFusion's clients take for an OOM kill.
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
         memory_mb = request.get("memory_mb")
         if memory_mb:
             data = int(memory_mb) * 1024 * 1024
