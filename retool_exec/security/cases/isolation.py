@@ -85,6 +85,53 @@ def _no_generator_state_shared(obs: Observation) -> bool:
     return bool(first) and not set(first) & set(second)
 
 
+_TIME_SECRET = [0x52, 0x45, 0x44, 0x54, 0x45, 0x41, 0x4D]  # "REDTEAM"
+_TIME_TOOLS = """
+    PLACES = ["/dev/shm", "/dev/null", "/dev/zero", "/dev/full", "/dev/random",
+              "/dev/urandom", "/dev/tty", "/tmp"]
+
+    COARSE = 5  # CLOCK_REALTIME_COARSE: the clock the kernel stamps inodes with
+
+    def tick():
+        seen, then = [], time.clock_gettime_ns(COARSE)
+        while len(seen) < 6:
+            now = time.clock_gettime_ns(COARSE)
+            if now != then:
+                seen.append(now - then)
+                then = now
+        return max(min(seen), 2_000_000)
+"""
+_TIME_SEND = code(
+    _TIME_TOOLS
+    + f"""
+    secret = {_TIME_SECRET!r}
+    grain = tick()
+    os.utime(PLACES[0], None)
+    origin = os.stat(PLACES[0]).st_mtime_ns
+    for path, byte in zip(PLACES[1:], secret):
+        for _ in range(50):
+            while round((time.clock_gettime_ns(COARSE) - origin) / grain) % 256 != byte:
+                time.sleep(grain / 4e9)
+            os.utime(path, None)
+            if round((os.stat(path).st_mtime_ns - origin) / grain) % 256 == byte:
+                break
+    report(sent=secret)
+"""
+)
+_TIME_READ = code(
+    _TIME_TOOLS
+    + """
+    grain = tick()
+    origin = os.stat(PLACES[0]).st_mtime_ns
+    report(read=[round((os.stat(p).st_mtime_ns - origin) / grain) % 256 for p in PLACES[1:]])
+"""
+)
+
+
+def _times_not_read(obs: Observation) -> bool:
+    return obs.follow is not None and obs.follow.ok and obs.follow_facts()["read"] != _TIME_SECRET
+
+
 _NETLINK_TOOLS = """
     import socket, struct
 
@@ -356,6 +403,23 @@ CASES: tuple[Case, ...] = (
         note="Every generator object in the interpreter, found by class in the collector's "
         "objects and in every module's namespace, as the call finds it before drawing "
         "anything: no state of call N may be a state of call N+1.",
+    ),
+    Case(
+        id="iso-inode-times",
+        klass=CaseClass.ISOLATION,
+        title="bytes written into the times of /dev nodes, /tmp and /dev/shm do not reach the "
+        "next call",
+        code=_TIME_SEND,
+        follow_up=_TIME_READ,
+        contained=_times_not_read,
+        severity=Severity.LOW,
+        reference="retool_exec red-team round of 2026-12-03: any writer may set an inode's "
+        "times to now; touching each node when the clock showed a chosen value moved 7 bytes "
+        "a call past the reset, which emptied /tmp but kept its times",
+        timeout=30.0,
+        local=Expect.EXPOSED,
+        note="The reset sets the times of every inode calls may write and it keeps "
+        "(reset.kept_inodes) to its own now.",
     ),
     Case(
         id="iso-reset-traps",

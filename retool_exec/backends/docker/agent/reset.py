@@ -20,6 +20,7 @@ import os
 import socket
 import stat
 import time
+from collections.abc import Sequence
 
 from . import wire
 
@@ -260,8 +261,53 @@ def remove_sysv_ipc() -> list[str]:
     return [f"SysV {kind} left: {ids[:5]}" for kind, ids in sysv_ipc_ids().items() if ids]
 
 
-def clean(deadline: float) -> list[str]:
-    """Empty the scratch dirs, queues and SysV objects (as the calls' uid); what failed."""
+KEPT_INODE_PLACES = ("/dev",)
+"""Where inodes a call can write stay from one call to the next (its device nodes);
+the scratch directories themselves are the others (``kept_inodes``)."""
+
+
+def kept_inodes() -> list[str]:
+    """The inodes every call may write that no reset removes: the scratch directories and
+    the world-writable device nodes (``/dev/null``, ``/dev/zero``, ``/dev/tty``, ...)."""
+    found = list(wire.SCRATCH_DIRS)
+    for place in KEPT_INODE_PLACES:
+        try:
+            names = sorted(os.listdir(place))
+        except OSError:
+            continue
+        for name in names:
+            path = f"{place}/{name}"
+            try:
+                info = os.lstat(path)
+            except OSError:
+                continue
+            if stat.S_ISCHR(info.st_mode) and info.st_mode & stat.S_IWOTH:
+                found.append(path)
+    return found
+
+
+def restore_times(paths: Sequence[str]) -> list[str]:
+    """Set the times of ``paths`` to now (as the calls' uid, who may write each): what failed.
+
+    Why: any writer may set an inode's times to now, and a call that waits for the
+    clock to show a value of its choosing before touching each of ``/dev/null``,
+    ``/dev/zero``, ... ``/tmp`` wrote 7 bytes that the next call read back (the sixth
+    red-team round); after this, every such time is the reset's.
+    """
+    problems = []
+    for path in paths:
+        try:
+            os.utime(path, None)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            problems.append(f"{path}: times not restored ({exc.strerror})")
+    return problems
+
+
+def clean(deadline: float, inodes: Sequence[str] = ()) -> list[str]:
+    """Empty the scratch dirs, queues and SysV objects and restore the times of ``inodes``
+    (``kept_inodes``), as the calls' uid; what failed."""
     problems = []
     for directory in (*wire.SCRATCH_DIRS, wire.MQUEUE_DIR):
         try:
@@ -271,6 +317,7 @@ def clean(deadline: float) -> list[str]:
         except (OSError, BudgetExceeded) as exc:
             problems.append(f"{directory}: {exc}")
     problems.extend(remove_sysv_ipc())
+    problems.extend(restore_times(inodes))
     return problems
 
 

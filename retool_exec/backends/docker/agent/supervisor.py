@@ -93,6 +93,8 @@ class State:
     next_kind = FULL
     """Which zygote the next spare comes from: the one the last call wanted."""
     baseline: dict[str, object] = {}  # noqa: RUF012 - set once, at start
+    kept_inodes: list[str] = []  # noqa: RUF012 - set once, at start
+    """What calls may write that no reset removes (``reset.kept_inodes``): its times are reset."""
     oom_counter: int | None = None
     """The cgroup's OOM-kill counter, opened once (``open_oom_counter``); None if there is none."""
 
@@ -946,7 +948,7 @@ def reset_container() -> tuple[bool, str]:
         if left:
             problems.append(f"processes left: {left[:5]}")
         with identity.acting_as(State.sandbox, State.agent):
-            problems.extend(reset.clean(time.monotonic() + reset.CLEAN_BUDGET))
+            problems.extend(reset.clean(time.monotonic() + reset.CLEAN_BUDGET, State.kept_inodes))
         for directory in (*wire.SCRATCH_DIRS, wire.MQUEUE_DIR):
             try:
                 if os.listdir(directory):
@@ -1107,6 +1109,7 @@ def main(argv: list[str]) -> int:
         loaded, failed = start(argv)
         reap_orphans()
         State.baseline = reset.measure()
+        State.kept_inodes = reset.kept_inodes()
         State.spare = Child(FULL)
     except Exception as exc:
         write_frame(1, {"type": "fatal", "reason": f"{type(exc).__name__}: {exc}"})
