@@ -18,6 +18,12 @@ given a state: a bit generator keeps the ``SeedSequence`` it was made with,
 which ``spawn`` (public from numpy 1.25: ``get_bit_generator().spawn``) turns
 into the same child streams in every call otherwise. That costs ~56 us a fork
 for numpy's global generator in the image, against ~24 us for a new state.
+
+Decision: a generator a library seeded on purpose at import (``Random(42)``)
+is reseeded too, so its draws differ from those of a fresh interpreter: its
+state cannot tell it from one seeded from entropy, and a shared state is the
+worse failure. The image's libraries seed none of theirs (sympy's, numpy's
+and Python's are all ``Random()``-style, as a fresh interpreter has them).
 """
 
 from __future__ import annotations
