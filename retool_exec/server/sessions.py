@@ -34,7 +34,9 @@ like any other request (504 when the server is full). Answers:
 The cell in which an interpreter ends is still answered 200, with what it
 printed, ``session_lost: true`` and the reason in ``message``; the id answers
 410 from then on (until deleted, or for an hour, then 404). ``DELETE`` answers
-204 for any id this client holds, lost or expired included, and 404 otherwise.
+204 for any id this client holds, lost or expired included, and 404 otherwise;
+a session being deleted counts against its client until it is closed (on
+Docker after its running cell, if any, has ended).
 """
 
 from __future__ import annotations
@@ -46,9 +48,9 @@ import logging
 import secrets
 import time
 from collections import Counter
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Coroutine, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from retool_exec._errors import (
     ConfigError,
@@ -118,6 +120,7 @@ class SessionService:
         self._service = service
         self._entries: dict[str, _Entry] = {}
         self._pending: Counter[str] = Counter()
+        self._finishing: set[asyncio.Future[None]] = set()
         self.opened = 0
         """Sessions opened so far (forks included)."""
         self.lost = 0
@@ -203,7 +206,7 @@ class SessionService:
             raise _not_found()
         del self._entries[session_id]
         if entry.ended is None:
-            await _close(entry.session)
+            await self._to_the_end(self._close_held(client, entry.session))
 
     def metrics(self) -> dict[str, float]:
         """Gauges and counters for ``/v1/metrics``."""
@@ -282,6 +285,18 @@ class SessionService:
                 f"(max_sessions_per_client={cap}); delete one first",
                 status=429,
             )
+        with self._held(client):
+            yield
+
+    @contextlib.contextmanager
+    def _held(self, client: str) -> Iterator[None]:
+        """Count one interpreter against ``client``'s cap that is not in its entries.
+
+        A session being opened or forked, and a deleted one until it is closed: closing
+        waits for a running cell to end (up to its timeout), and a client that deleted
+        its busy sessions held its cap free while their cells still ran (sixth red-team
+        round).
+        """
         self._pending[client] += 1
         try:
             yield
@@ -304,6 +319,21 @@ class SessionService:
             yield
         finally:
             entry.busy = False
+
+    async def _to_the_end(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` to its end even if the request that asked for it is cancelled.
+
+        A close cut short would leave the session marked closed (released from the
+        sandbox's count) while its interpreter and container lived on.
+        """
+        task = asyncio.ensure_future(work)
+        self._finishing.add(task)  # the loop keeps only a weak reference to a task
+        task.add_done_callback(self._finishing.discard)
+        await asyncio.shield(task)
+
+    async def _close_held(self, client: str, session: Session) -> None:
+        with self._held(client):
+            await _close(session)
 
     def _add(self, client: str, session: Session) -> SessionCreated:
         session_id = secrets.token_urlsafe(ID_BYTES)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import docker
@@ -220,3 +221,28 @@ def test_a_lost_session_releases_its_container(
     assert settles_at(containers, 2)  # the session's own, and the pool's new warm one
     assert talk.run("import os\nos._exit(0)")["session_lost"] is True
     assert settles_at(containers, 1)
+
+
+@pytest.mark.docker
+def test_a_deleted_session_counts_against_its_client_until_its_cell_ends() -> None:
+    """Closing a Docker session waits for its running cell; until then it is still held."""
+    require_docker()
+    config = DockerConfig(timeout=10.0, policy="reuse", pool_size=1, labels=LABELS)
+    settings = ServerSettings(max_sessions_per_client=1)
+    with (
+        serve(create_app(config, settings=settings)) as url,
+        httpx.Client(timeout=30) as http,
+        httpx.Client(timeout=30) as other_line,
+    ):
+        talk = Conversation(url, http)
+        talk.stdout("import time")
+        with ThreadPoolExecutor(2) as pool:
+            cell = pool.submit(talk.run, "time.sleep(4)")
+            time.sleep(1.0)  # the cell is running
+            deleting = pool.submit(Conversation(url, other_line, talk.id).close)
+            time.sleep(1.0)
+            assert not deleting.done()  # the close waits for the cell
+            assert other_line.post(f"{url}/sessions").status_code == 429
+            assert deleting.result() == 204
+            assert cell.result()["status"] == "Success"
+        assert Conversation(url, http).close() == 204  # now the cap is free
