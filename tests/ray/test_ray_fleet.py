@@ -203,6 +203,26 @@ def test_a_session_stays_on_its_node_and_ends_when_the_node_dies(
         assert fresh.run_code("1 + 1").cells[0].display == [{"text/plain": "2"}]
 
 
+def test_closing_a_session_while_its_family_runs_a_cell_loses_nothing(
+    nodes: list[Any], resource: str
+) -> None:
+    """A close waits for the family's running cell (one frame stream a family), longer than
+    CALL_MARGIN when the cell is long: that wait is not a hung node."""
+    with Sandbox(config(resource)) as sandbox:
+        session = sandbox.open_session()
+        session.run_code("import time")
+        branch = session.fork()
+        long_cell = f"time.sleep({CALL_MARGIN + 3})\nprint('done')"
+        with ThreadPoolExecutor(1) as pool:
+            cell = pool.submit(session.run_code, long_cell, timeout=CALL_MARGIN + 10)
+            time.sleep(1.0)
+            branch.close()
+            result = cell.result(timeout=60)
+        assert result.ok and result.stdout == "done\n", result
+        assert session.run_code("print('alive')").stdout == "alive\n"
+        assert backend_of(sandbox).reruns == 0
+
+
 def test_a_fleet_with_no_node_for_it_is_an_error_at_start(resource: str) -> None:
     from retool_exec import BackendUnavailableError
 

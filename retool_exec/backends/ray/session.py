@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from retool_exec._errors import SessionError, SessionLostError
@@ -32,13 +33,38 @@ START_BUDGET = 10.0
 """Seconds for a session (or a fork) to start on its node, beyond the pool's start time."""
 
 
+@dataclass
+class _FamilyClock:
+    """When the work a session family sent its node may last until, at the latest.
+
+    A family (a session and its forks) runs one request at a time on its node, so
+    a close or a fork waits there for a sibling's cell: its budget must cover that
+    cell, or the wait looks like a hung actor, and the node's actor is restarted
+    with every call and session on it (closing a fork during a 13 s cell did).
+    A cell its caller gave up on still runs, so the time is kept, never cleared.
+    """
+
+    busy_until: float = 0.0
+
+    def books(self, seconds: float) -> None:
+        """Work of at most ``seconds`` is sent now."""
+        self.busy_until = max(self.busy_until, time.monotonic()) + seconds
+
+    def budget(self, seconds: float) -> float:
+        """A budget of ``seconds`` for a request that waits for the work booked first."""
+        return max(0.0, self.busy_until - time.monotonic()) + seconds
+
+
 class RaySession(SessionHandle):
     """One interpreter on one node (see the module docstring)."""
 
-    def __init__(self, backend: RayBackend, node: Node, sid: int) -> None:
+    def __init__(
+        self, backend: RayBackend, node: Node, sid: int, family: _FamilyClock | None = None
+    ) -> None:
         self.backend = backend
         self.node = node
         self.sid = sid
+        self.family = family or _FamilyClock()
         self._lost: str | None = None
         self._closed = False
         node.sessions += 1
@@ -78,7 +104,9 @@ class RaySession(SessionHandle):
         if self.lost is not None:
             raise SessionLostError(f"this session is gone: {self.lost}")
         config = self.backend.config
-        budget = timeout + INTERRUPT_GRACE + config.host_grace + CALL_MARGIN
+        work = timeout + INTERRUPT_GRACE + config.host_grace
+        budget = self.family.budget(work + CALL_MARGIN)
+        self.family.books(work)
         try:
             reply: dict[str, Any] = await self.backend.await_node(
                 self.node, self.node.actor.session_run.remote(self.sid, code, timeout), budget
@@ -100,18 +128,17 @@ class RaySession(SessionHandle):
     async def fork(self) -> RaySession:
         if self.lost is not None:
             raise SessionLostError(f"this session is gone: {self.lost}")
+        budget = self.family.budget(START_BUDGET + CALL_MARGIN)
+        self.family.books(START_BUDGET)
         reply = await self._ask(
-            self.backend,
-            self.node,
-            self.node.actor.session_fork.remote(self.sid),
-            START_BUDGET + CALL_MARGIN,
+            self.backend, self.node, self.node.actor.session_fork.remote(self.sid), budget
         )
         if "error" in reply:
             raise SessionError(str(reply["error"]))
         if "sid" not in reply:
             self._lost = str(reply.get("lost"))
             raise SessionLostError(f"this session is gone: {self._lost}")
-        return RaySession(self.backend, self.node, int(reply["sid"]))
+        return RaySession(self.backend, self.node, int(reply["sid"]), self.family)
 
     async def close(self) -> None:
         if self._closed:
@@ -121,5 +148,7 @@ class RaySession(SessionHandle):
         if self.node.lost is None:
             with contextlib.suppress(NodeLostError):  # the node is gone, the session with it
                 await self.backend.await_node(
-                    self.node, self.node.actor.session_close.remote(self.sid), CALL_MARGIN
+                    self.node,
+                    self.node.actor.session_close.remote(self.sid),
+                    self.family.budget(CALL_MARGIN),
                 )
