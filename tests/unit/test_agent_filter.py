@@ -17,15 +17,16 @@ from retool_exec.backends.docker.agent import identity as agent
 from retool_exec.backends.docker.agent import supervisor
 
 ALLOW, DENY = agent.SECCOMP_RET_ALLOW, agent.SECCOMP_RET_ERRNO | agent.ENOSYS
+REFUSE = agent.SECCOMP_RET_ERRNO | agent.EPERM
 NO_FAMILY = agent.SECCOMP_RET_ERRNO | agent.EAFNOSUPPORT
 READ = {"x86_64": 0, "aarch64": 63}
 AF_UNIX, AF_INET, AF_INET6, AF_NETLINK, AF_PACKET, AF_ALG, AF_VSOCK = 1, 2, 10, 16, 17, 38, 40
 
 
-def run_bpf(program: bytes, *, arch: int, nr: int, arg0: int = 0) -> int:
+def run_bpf(program: bytes, *, arch: int, nr: int, arg0: int = 0, arg1: int = 0) -> int:
     """Evaluate a seccomp program over ``seccomp_data`` holding ``nr``, ``arch`` and the
-    first argument (64 bits, little-endian as on both architectures)."""
-    data = struct.pack("=IIQQ", nr, arch, 0, arg0) + bytes(40)
+    first two arguments (64 bits each, little-endian as on both architectures)."""
+    data = struct.pack("=IIQQQ", nr, arch, 0, arg0, arg1) + bytes(32)
     instructions = [struct.unpack("=HBBI", program[i : i + 8]) for i in range(0, len(program), 8)]
     accumulator, pc = 0, 0
     for _ in range(len(instructions)):
@@ -42,6 +43,23 @@ def run_bpf(program: bytes, *, arch: int, nr: int, arg0: int = 0) -> int:
         else:
             raise AssertionError(f"unexpected BPF opcode {code:#x}")
     raise AssertionError("the program ran off its end")
+
+
+def expected(machine: str, nr: int, arg0: int, arg1: int) -> int:
+    """What the filter must answer on ``machine``'s native ABI, from the tables."""
+    clone, clone3 = agent.CLONE_SYSCALLS[machine]
+    if nr in agent.DENIED_SYSCALLS[machine] or nr == clone3:
+        return DENY
+    if nr in agent.NAMESPACE_SYSCALLS[machine]:
+        return REFUSE
+    if nr == clone:
+        return REFUSE if arg0 & agent.CLONE_NEW_NAMESPACES else ALLOW
+    if nr in agent.SOCKET_SYSCALLS[machine]:
+        return ALLOW if arg0 & 0xFFFFFFFF in agent.ALLOWED_FAMILIES else NO_FAMILY
+    for number, argument in agent.OWN_PROCESS_SYSCALLS[machine]:
+        if nr == number:
+            return ALLOW if (arg0, arg1)[argument] & 0xFFFFFFFF == 0 else REFUSE
+    return ALLOW
 
 
 @pytest.mark.parametrize("machine", sorted(agent.AUDIT_ARCH))
@@ -67,21 +85,66 @@ def test_sockets_of_other_families_than_unix_inet_and_netlink_are_refused(machin
     assert run_bpf(program, arch=arch, nr=READ[machine], arg0=AF_VSOCK) == ALLOW
 
 
+@pytest.mark.parametrize("machine", sorted(agent.AUDIT_ARCH))
+def test_no_namespace_and_no_other_process_s_priority_or_cpus(machine: str) -> None:
+    program, arch = agent.syscall_filter(machine), agent.AUDIT_ARCH[machine]
+    clone, clone3 = agent.CLONE_SYSCALLS[machine]
+    for nr in agent.NAMESPACE_SYSCALLS[machine]:
+        assert run_bpf(program, arch=arch, nr=nr, arg0=0x10000000) == REFUSE
+    assert run_bpf(program, arch=arch, nr=clone3) == DENY
+    thread, fork = 0x003D0F00, 0x01200011  # glibc's pthread_create and fork flags
+    for flags in (thread, fork, 0x01200011 | 1 << 40):
+        assert run_bpf(program, arch=arch, nr=clone, arg0=flags) == ALLOW
+    for namespace in (0x20000, 0x2000000, 0x4000000, 0x8000000, 0x10000000, 0x40000000):
+        assert run_bpf(program, arch=arch, nr=clone, arg0=fork | namespace) == REFUSE
+    for number, argument in agent.OWN_PROCESS_SYSCALLS[machine]:
+        own = {"arg0": 0, "arg1": 0}
+        assert run_bpf(program, arch=arch, nr=number, **own) == ALLOW
+        other = {f"arg{argument}": 1}
+        assert run_bpf(program, arch=arch, nr=number, **other) == REFUSE
+        assert run_bpf(program, arch=arch, nr=number, **{f"arg{1 - argument}": 1}) == ALLOW
+    assert len(agent.OWN_PROCESS_SYSCALLS[machine]) == 6
+
+
+@pytest.mark.parametrize("machine", sorted(agent.AUDIT_ARCH))
 @given(
     nr=st.integers(0, (1 << 32) - 1),
-    arch=st.sampled_from([*agent.AUDIT_ARCH.values(), 0x40000003, 0]),
+    arch_choice=st.sampled_from(["native", "other", "i386", "none"]),
     arg0=st.integers(0, (1 << 64) - 1),
+    arg1=st.integers(0, (1 << 64) - 1),
 )
-def test_only_the_native_abi_and_allowed_numbers_pass(nr: int, arch: int, arg0: int) -> None:
-    program = agent.syscall_filter("x86_64")
-    native = arch == agent.AUDIT_ARCH["x86_64"] and not nr & agent.X32_SYSCALL_BIT
-    if not native or nr in agent.DENIED_SYSCALLS["x86_64"]:
-        expected = DENY
-    elif nr in agent.SOCKET_SYSCALLS["x86_64"]:
-        expected = ALLOW if arg0 & 0xFFFFFFFF in agent.ALLOWED_FAMILIES else NO_FAMILY
+def test_only_the_native_abi_and_allowed_calls_pass(
+    machine: str, nr: int, arch_choice: str, arg0: int, arg1: int
+) -> None:
+    program = agent.syscall_filter(machine)
+    native_arch = agent.AUDIT_ARCH[machine]
+    other = next(value for key, value in agent.AUDIT_ARCH.items() if key != machine)
+    arch = {"native": native_arch, "other": other, "i386": 0x40000003, "none": 0}[arch_choice]
+    if arch != native_arch or nr & agent.X32_SYSCALL_BIT:
+        want = DENY
     else:
-        expected = ALLOW
-    assert run_bpf(program, arch=arch, nr=nr, arg0=arg0) == expected
+        want = expected(machine, nr, arg0, arg1)
+    assert run_bpf(program, arch=arch, nr=nr, arg0=arg0, arg1=arg1) == want
+
+
+@pytest.mark.parametrize("machine", sorted(agent.AUDIT_ARCH))
+@given(data=st.data())
+def test_every_listed_call_is_judged_by_its_own_rule(machine: str, data: st.DataObject) -> None:
+    """The random numbers above rarely hit a listed syscall: draw from the lists."""
+    listed = [
+        *agent.DENIED_SYSCALLS[machine],
+        *agent.NAMESPACE_SYSCALLS[machine],
+        *agent.CLONE_SYSCALLS[machine],
+        *agent.SOCKET_SYSCALLS[machine],
+        *(number for number, _ in agent.OWN_PROCESS_SYSCALLS[machine]),
+    ]
+    nr = data.draw(st.sampled_from(listed))
+    arg0 = data.draw(st.sampled_from([0, 1, 2, 16, 40, 0x10000000, 0x01200011]) | st.integers(0))
+    arg1 = data.draw(st.sampled_from([0, 1, 1 << 32]) | st.integers(0, (1 << 64) - 1))
+    arg0 &= (1 << 64) - 1
+    program = agent.syscall_filter(machine)
+    got = run_bpf(program, arch=agent.AUDIT_ARCH[machine], nr=nr, arg0=arg0, arg1=arg1)
+    assert got == expected(machine, nr, arg0, arg1)
 
 
 def test_the_program_fits_seccomp_limits() -> None:

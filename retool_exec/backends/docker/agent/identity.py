@@ -247,13 +247,39 @@ family is refused with EAFNOSUPPORT: AF_VSOCK, which Docker's profile allows bef
 Engine 23, is not namespaced at all (every container shares one port space, a channel
 across containers, and it reaches the hypervisor's host where there is one); the rest
 are kernel surface no tool code needs."""
+NAMESPACE_SYSCALLS = {"x86_64": (272, 308), "aarch64": (97, 268)}
+"""unshare and setns, refused with EPERM (as to a process without the capability). Under
+gVisor a call could make a user namespace of its own and then held, in gVisor's checks,
+the network-admin capability over the container's network namespace: addresses it added
+to ``lo`` outlived it, read back by the next call (seventh red-team round); runc's Docker
+profile refused it already. No tool code makes namespaces."""
+CLONE_SYSCALLS = {"x86_64": (56, 435), "aarch64": (220, 435)}
+"""clone, whose flags (its first argument) may not ask for a new namespace, and clone3,
+refused with ENOSYS since its flags are behind a pointer: glibc falls back to clone."""
+CLONE_NEW_NAMESPACES = 0x7E020000
+"""CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET (all the low
+32 bits the kernel reads; CLONE_NEWTIME's bit is clone's exit signal, unshare's only)."""
+OWN_PROCESS_SYSCALLS = {
+    "x86_64": ((141, 1), (251, 1), (142, 0), (144, 0), (203, 0), (314, 0)),
+    "aarch64": ((140, 1), (30, 1), (118, 0), (119, 0), (122, 0), (274, 0)),
+}
+"""(syscall, argument) pairs that act on the process that argument names: setpriority and
+ioprio_set (``who``), sched_setparam, sched_setscheduler, sched_setaffinity and
+sched_setattr (``pid``). Only 0, the caller itself (its group, its uid), is allowed,
+else EPERM. gVisor checks no uid for setpriority or sched_setaffinity: a call reniced
+the supervisor and the zygotes and moved them to other CPUs, values the next calls read
+back and inherited (seventh red-team round); runc refused, as the agents are other uids.
+A thread's affinity set by its tid is refused too (``os.sched_setaffinity(0, ...)``
+works)."""
 X32_SYSCALL_BIT = 0x40000000
 SECCOMP_RET_ALLOW = 0x7FFF0000
 SECCOMP_RET_ERRNO = 0x00050000
+EPERM = 1
 ENOSYS = 38
 EAFNOSUPPORT = 97
 SECCOMP_DATA_ARG0 = 16
-"""Offset of the first argument's low 32 bits in ``seccomp_data`` (little-endian)."""
+"""Offset of the first argument's low 32 bits in ``seccomp_data`` (little-endian); each
+next argument is 8 bytes further."""
 _BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_JSET_K, _BPF_RET_K = 0x20, 0x15, 0x45, 0x06
 
 
@@ -262,25 +288,40 @@ class _SockFprog(ctypes.Structure):
 
 
 def syscall_filter(machine: str) -> bytes:
-    """The classic-BPF seccomp program for ``machine`` (DENIED_SYSCALLS, ALLOWED_FAMILIES).
+    """The classic-BPF seccomp program for ``machine`` (see the tables above).
 
-    Only on the native ABI (x32 and other architectures are refused); a family is
-    read from the low 32 bits of the argument, all the kernel reads of an ``int``.
+    Only on the native ABI (x32 and other architectures are refused); an ``int``
+    argument (a family, a pid, clone's flags) is read from its low 32 bits, all the
+    kernel reads of it.
     """
     arch, denied = AUDIT_ARCH[machine], DENIED_SYSCALLS[machine]
+    clone, clone3 = CLONE_SYSCALLS[machine]
     # (label, code, jump-if-true, jump-if-false, k): a jump names a later label, or 0.
     program: list[tuple[str, int, int | str, int | str, int]] = [
         ("", _BPF_LD_W_ABS, 0, 0, 4),  # seccomp_data.arch
         ("", _BPF_JEQ_K, 0, "deny", arch),
         ("", _BPF_LD_W_ABS, 0, 0, 0),  # seccomp_data.nr
         ("", _BPF_JSET_K, "deny", 0, X32_SYSCALL_BIT),
-        *(("", _BPF_JEQ_K, "deny", 0, number) for number in denied),
+        *(("", _BPF_JEQ_K, "deny", 0, number) for number in (*denied, clone3)),
+        *(("", _BPF_JEQ_K, "refuse", 0, number) for number in NAMESPACE_SYSCALLS[machine]),
+        ("", _BPF_JEQ_K, "clone", 0, clone),
         *(("", _BPF_JEQ_K, "family", 0, number) for number in SOCKET_SYSCALLS[machine]),
+        *(
+            ("", _BPF_JEQ_K, f"self{argument}", 0, number)
+            for number, argument in OWN_PROCESS_SYSCALLS[machine]
+        ),
         ("", _BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),
         ("family", _BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_ARG0),
         *(("", _BPF_JEQ_K, "allow", 0, family) for family in ALLOWED_FAMILIES),
         ("", _BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | EAFNOSUPPORT),
+        ("clone", _BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_ARG0),
+        ("", _BPF_JSET_K, "refuse", "allow", CLONE_NEW_NAMESPACES),
+        ("self0", _BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_ARG0),
+        ("", _BPF_JEQ_K, "allow", "refuse", 0),
+        ("self1", _BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_ARG0 + 8),
+        ("", _BPF_JEQ_K, "allow", "refuse", 0),
         ("allow", _BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),
+        ("refuse", _BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | EPERM),
         ("deny", _BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | ENOSYS),
     ]
     where = {label: index for index, (label, *_rest) in enumerate(program) if label}
