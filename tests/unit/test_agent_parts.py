@@ -163,3 +163,20 @@ def test_a_cells_last_expression_is_its_display_value() -> None:
     assert _run_cell("y = x", namespace, 1) is None and namespace["y"] == 2
     with pytest.raises(ZeroDivisionError):
         _run_cell("1/0", namespace, 2)
+
+
+def test_the_network_setup_and_the_agents_settings_are_part_of_the_baseline() -> None:
+    facts = reset.measure([os.getpid()])
+    setup, settings = facts["network setup"], facts["agent settings"]
+    assert isinstance(setup, tuple) and any(item[0] == "link" for item in setup)
+    assert settings == (
+        (os.getpid(), os.getpriority(os.PRIO_PROCESS, 0), tuple(sorted(os.sched_getaffinity(0)))),
+    )
+    moved = dict(facts, **{"agent settings": ((os.getpid(), 19, (0,)),)})
+    assert reset.compare(facts, moved)[0].startswith("agent settings changed: new [")
+    added = dict(facts, **{"network setup": (*setup, ("address", 1, 2, 32, 254, b"call"))})
+    assert reset.compare(facts, added)[0].startswith("network setup changed: new [('address'")
+    assert reset.compare(facts, dict(facts, **{"network setup": None})) == [
+        "network setup changed: unreadable"
+    ]
+    assert reset.compare(facts, facts) == []

@@ -19,6 +19,7 @@ import ctypes
 import os
 import socket
 import stat
+import struct
 import time
 from collections.abc import Sequence
 
@@ -262,27 +263,33 @@ def remove_sysv_ipc() -> list[str]:
 
 
 KEPT_INODE_PLACES = ("/dev",)
-"""Where inodes a call can write stay from one call to the next (its device nodes);
-the scratch directories themselves are the others (``kept_inodes``)."""
+"""Where inodes a call can write stay from one call to the next (device nodes, at any
+depth); the scratch directories themselves are the others (``kept_inodes``)."""
 
 
 def kept_inodes() -> list[str]:
     """The inodes every call may write that no reset removes: the scratch directories and
-    the world-writable device nodes (``/dev/null``, ``/dev/zero``, ``/dev/tty``, ...)."""
+    every world-writable device node or directory under ``/dev``, at any depth.
+
+    At any depth: gVisor has ``/dev/net/tun`` (0666), whose times carried bits past a
+    reset that knew only the nodes directly in ``/dev`` (seventh red-team round).
+    The scratch directories' contents are removed, not walked.
+    """
     found = list(wire.SCRATCH_DIRS)
     for place in KEPT_INODE_PLACES:
-        try:
-            names = sorted(os.listdir(place))
-        except OSError:
-            continue
-        for name in names:
-            path = f"{place}/{name}"
-            try:
-                info = os.lstat(path)
-            except OSError:
-                continue
-            if stat.S_ISCHR(info.st_mode) and info.st_mode & stat.S_IWOTH:
-                found.append(path)
+        for root, directories, names in os.walk(place):
+            directories[:] = sorted(
+                name for name in directories if f"{root}/{name}" not in wire.SCRATCH_DIRS
+            )
+            for name in sorted(names + directories):
+                path = f"{root}/{name}"
+                try:
+                    info = os.lstat(path)
+                except OSError:
+                    continue
+                writable = info.st_mode & stat.S_IWOTH
+                if writable and (stat.S_ISCHR(info.st_mode) or stat.S_ISDIR(info.st_mode)):
+                    found.append(path)
     return found
 
 
@@ -432,9 +439,99 @@ def trigger_unix_gc() -> None:
         pass
 
 
-def measure() -> dict[str, object]:
-    """What the container looks like now (see the module docstring)."""
+_NLMSG_DONE, _NLMSG_ERROR = 3, 2
+_RTM_GETLINK, _RTM_NEWLINK, _RTM_GETADDR, _RTM_NEWADDR = 18, 16, 22, 20
+_NETLINK_DUMP = 0x301  # NLM_F_REQUEST | NLM_F_DUMP
+_IFLA_IFNAME, _IFA_ADDRESS, _IFA_LOCAL = 3, 1, 2
+
+
+def _netlink_dump(sock: socket.socket, kind: int, body: bytes) -> list[tuple[int, bytes]]:
+    """The messages (type, payload) of one rtnetlink dump."""
+    sock.send(struct.pack("=IHHII", 16 + len(body), kind, _NETLINK_DUMP, kind, 0) + body)
+    messages: list[tuple[int, bytes]] = []
+    while True:
+        data, offset = sock.recv(1 << 16), 0
+        if not data:
+            raise OSError("netlink: no answer")
+        while offset + 16 <= len(data):
+            length, message = struct.unpack_from("=IH", data, offset)
+            if length < 16:
+                raise OSError("netlink: a message shorter than its header")
+            if message == _NLMSG_DONE:
+                return messages
+            if message == _NLMSG_ERROR:
+                raise OSError("netlink: the dump failed")
+            messages.append((message, data[offset + 16 : offset + length]))
+            offset += (length + 3) & ~3
+
+
+def _attributes(payload: bytes, start: int) -> dict[int, bytes]:
+    found: dict[int, bytes] = {}
+    offset = start
+    while offset + 4 <= len(payload):
+        length, kind = struct.unpack_from("=HH", payload, offset)
+        if length < 4:
+            break
+        found.setdefault(kind & 0x3FFF, payload[offset + 4 : offset + length])
+        offset += (length + 3) & ~3
+    return found
+
+
+def network_setup() -> tuple[tuple[object, ...], ...] | None:
+    """The interfaces (index, name, flags) and addresses of the container's network
+    namespace; None when netlink cannot say.
+
+    Why: anything that can add an address or an interface holds it past its own end,
+    where the next call lists it: under gVisor a call's own user namespace gave it
+    the network-admin capability, and addresses it added to ``lo`` carried 47 bytes
+    past the reset (seventh red-team round). The seccomp filter now refuses such
+    namespaces; this baseline catches whatever else changes the setup.
+    """
+    try:
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, 0) as sock:
+            sock.settimeout(1.0)
+            links = _netlink_dump(sock, _RTM_GETLINK, bytes(16))
+            addresses = _netlink_dump(sock, _RTM_GETADDR, bytes(8))
+    except OSError:
+        return None
+    setup: list[tuple[object, ...]] = []
+    for message, payload in links:
+        if message == _RTM_NEWLINK and len(payload) >= 16:
+            _family, _kind, index, flags, _change = struct.unpack_from("=BxHiII", payload)
+            setup.append(("link", index, _attributes(payload, 16).get(_IFLA_IFNAME), flags))
+    for message, payload in addresses:
+        if message == _RTM_NEWADDR and len(payload) >= 8:
+            family, prefix, _flags, scope, index = struct.unpack_from("=BBBBI", payload)
+            found = _attributes(payload, 8)
+            address = found.get(_IFA_LOCAL, found.get(_IFA_ADDRESS))
+            setup.append(("address", index, family, prefix, scope, address))
+    return tuple(sorted(setup, key=repr))
+
+
+def agent_settings(pids: Sequence[int]) -> tuple[tuple[int, int, tuple[int, ...]], ...] | None:
+    """Each agent process's nice value and CPUs; None when one cannot be read.
+
+    Why: gVisor checks no uid for ``setpriority`` or ``sched_setaffinity``, and a
+    call reniced the supervisor and the zygotes and moved them to other CPUs: values
+    the next calls read back, and inherited from their zygote (seventh red-team
+    round). The seccomp filter now refuses both on another process; this baseline
+    catches whatever else changes them.
+    """
+    try:
+        return tuple(
+            (pid, os.getpriority(os.PRIO_PROCESS, pid), tuple(sorted(os.sched_getaffinity(pid))))
+            for pid in pids
+        )
+    except OSError:
+        return None
+
+
+def measure(agents: Sequence[int] = ()) -> dict[str, object]:
+    """What the container looks like now (see the module docstring); ``agents``: the
+    pids of the agent's own processes (the supervisor and the zygotes)."""
     facts: dict[str, object] = {}
+    facts["network setup"] = network_setup()
+    facts["agent settings"] = agent_settings(agents)
     for directory in wire.SCRATCH_DIRS:
         facts[f"space:{directory}"] = _statvfs(directory)
     sockstat = _sockstat()
@@ -481,18 +578,32 @@ def compare(baseline: dict[str, object], now: dict[str, object]) -> list[str]:
             problems.append(f"{grown >> 20} MiB of memory still held ({after_memory[0]})")
     elif before_memory is not None:
         problems.append("memory usage unreadable")
+    for key in ("network setup", "agent settings"):
+        if baseline.get(key) != now.get(key):
+            problems.append(f"{key} changed: {_difference(baseline.get(key), now.get(key))}")
     before_fds, after_fds = baseline.get("fds"), now.get("fds")
     if isinstance(before_fds, int) and isinstance(after_fds, int) and after_fds > before_fds:
         problems.append(f"the agent holds {after_fds - before_fds} more descriptor(s)")
     return problems
 
 
-def back_to_baseline(baseline: dict[str, object], settle: float = 0.3) -> list[str]:
+def _difference(before: object, after: object) -> str:
+    """What differs between two sorted tuples, briefly (for the host's log)."""
+    if not isinstance(before, tuple) or not isinstance(after, tuple):
+        return "unreadable" if after is None else "readable only now"
+    added = [item for item in after if item not in before]
+    gone = [item for item in before if item not in after]
+    return f"new {added[:3]!r}, gone {gone[:3]!r}"[:300]
+
+
+def back_to_baseline(
+    baseline: dict[str, object], agents: Sequence[int] = (), settle: float = 0.3
+) -> list[str]:
     """Compare with ``baseline``, allowing ``settle`` seconds for what the kernel frees late."""
     trigger_unix_gc()
     give_up = time.monotonic() + settle
     while True:
-        problems = compare(baseline, measure())
+        problems = compare(baseline, measure(agents))
         if not problems or time.monotonic() >= give_up:
             return problems
         time.sleep(0.02)

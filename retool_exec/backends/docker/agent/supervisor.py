@@ -334,6 +334,11 @@ def reap_orphans() -> None:
             return
 
 
+def agent_pids() -> list[int]:
+    """The agent's own processes: the supervisor and the zygotes."""
+    return [os.getpid(), *(server.pid for server in State.zygotes.values())]
+
+
 def call_processes() -> list[int]:
     """Processes other than the supervisor and the zygotes, zombies included.
 
@@ -344,7 +349,7 @@ def call_processes() -> list[int]:
     while to: corpus case ``res-zombie-of-the-reset``). Every zombie here has a
     parent that reaps it: the supervisor (orphans), or the zygote (its children).
     """
-    spared = {os.getpid(), *(server.pid for server in State.zygotes.values())}
+    spared = set(agent_pids())
     pids = []
     for entry in os.listdir("/proc"):
         if entry.isdigit() and int(entry) not in spared:
@@ -955,7 +960,7 @@ def reset_container() -> tuple[bool, str]:
                     problems.append(f"{directory} not empty")
             except FileNotFoundError:
                 pass
-        problems.extend(reset.back_to_baseline(State.baseline))
+        problems.extend(reset.back_to_baseline(State.baseline, agent_pids()))
         return not problems, "; ".join(problems)
     except BaseException as exc:  # a hostile shape must retire the container, not crash us
         return False, f"reset failed: {type(exc).__name__}: {exc}"
@@ -1108,7 +1113,7 @@ def main(argv: list[str]) -> int:
     try:
         loaded, failed = start(argv)
         reap_orphans()
-        State.baseline = reset.measure()
+        State.baseline = reset.measure(agent_pids())
         State.kept_inodes = reset.kept_inodes()
         State.spare = Child(FULL)
     except Exception as exc:
