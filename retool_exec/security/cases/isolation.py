@@ -132,6 +132,77 @@ def _times_not_read(obs: Observation) -> bool:
     return obs.follow is not None and obs.follow.ok and obs.follow_facts()["read"] != _TIME_SECRET
 
 
+_RTNETLINK_TOOLS = """
+    import socket, struct
+
+    def rtnetlink(kind, flags, body):
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0) as sock:
+            sock.send(struct.pack("=IHHII", 16 + len(body), kind, flags, 1, 0) + body)
+            messages = []
+            while True:
+                data, offset = sock.recv(1 << 16), 0
+                while offset + 16 <= len(data):
+                    length, answer = struct.unpack_from("=IH", data, offset)
+                    if answer == 2:  # NLMSG_ERROR (0: an acknowledgement)
+                        return struct.unpack_from("=i", data, offset + 16)[0]
+                    if answer == 3:  # NLMSG_DONE
+                        return messages
+                    messages.append(data[offset + 16 : offset + length])
+                    offset += (length + 3) & ~3
+
+    def loopback_addresses():
+        found = []
+        for payload in rtnetlink(22, 0x301, bytes(8)):  # RTM_GETADDR, a dump
+            family, offset = payload[0], 8
+            while offset + 4 <= len(payload):
+                length, kind = struct.unpack_from("=HH", payload, offset)
+                if length < 4:
+                    break
+                if kind in (1, 2):  # IFA_ADDRESS, IFA_LOCAL
+                    found.append(socket.inet_ntop(family, payload[offset + 4 : offset + length]))
+                offset += (length + 3) & ~3
+        return sorted(set(found))
+"""
+_MARKED_ADDRESS = "127.83.69.67"
+"""The address the attack adds (127.S.E.C); the follow-up looks for it."""
+
+
+def _address_gone(obs: Observation) -> bool:
+    return obs.follow is not None and obs.follow.ok and obs.follow_facts()["present"] is False
+
+
+def _agents_untouched(obs: Observation) -> bool:
+    if obs.follow is None or not obs.follow.ok:
+        return False
+    return not obs.follow_facts()["marked"]
+
+
+def _times_all_reset(obs: Observation) -> bool:
+    if obs.follow is None or not (obs.result.ok and obs.follow.ok):
+        return False
+    touched, seen = obs.facts()["touched"], obs.follow_facts()["seen"]
+    return bool(touched) and all(seen.get(path) != when for path, when in touched.items())
+
+
+_WRITABLE_NODES = """
+    import stat
+
+    def writable_nodes():
+        \"\"\"Every world-writable device node and directory under /dev, at any depth.\"\"\"
+        found = []
+        for root, directories, names in os.walk("/dev"):
+            directories[:] = [d for d in directories if f"{root}/{d}" != "/dev/shm"]
+            for name in names + directories:
+                path = f"{root}/{name}"
+                try:
+                    mode = os.lstat(path).st_mode
+                except OSError:
+                    continue
+                if mode & stat.S_IWOTH and (stat.S_ISCHR(mode) or stat.S_ISDIR(mode)):
+                    found.append(path)
+        return sorted(found)
+"""
+
 _NETLINK_TOOLS = """
     import socket, struct
 
@@ -422,6 +493,126 @@ CASES: tuple[Case, ...] = (
         "(reset.kept_inodes) to its own now. Locally /tmp and /dev are the host's: any "
         "other process touching them between the two calls (a test run, a shell) erases "
         "the message, so the local outcome is not asserted.",
+    ),
+    Case(
+        id="iso-loopback-addresses",
+        klass=CaseClass.ISOLATION,
+        title="an address a call adds to the container's loopback is not there for the next",
+        code=code(
+            _RTNETLINK_TOOLS
+            + f"""
+    import socket
+    address = socket.inet_aton({_MARKED_ADDRESS!r})
+    unshared = libc.unshare(0x10000000)  # CLONE_NEWUSER: gVisor then granted net admin
+    attribute = struct.pack("=HH", 8, 2) + address  # IFA_LOCAL
+    body = struct.pack("=BBBBI", socket.AF_INET, 32, 0, 0, 1) + attribute
+    try:
+        added = rtnetlink(20, 0x605, body)  # RTM_NEWADDR, REQUEST|ACK|CREATE|EXCL, on lo
+    except OSError as exc:
+        added = why(exc)
+    report(unshared=unshared == 0 or last_error(), added=added)
+"""
+        ),
+        follow_up=code(
+            _RTNETLINK_TOOLS
+            + f"""
+    report(present={_MARKED_ADDRESS!r} in loopback_addresses())
+"""
+        ),
+        contained=_address_gone,
+        severity=Severity.HIGH,
+        reference="retool_exec red-team round of 2026-12-03 (seventh): under gVisor a "
+        "call's own user namespace held net admin over the container's network namespace; "
+        "addresses it added to lo carried 47 bytes past the reset",
+        local=Expect.HARMFUL,
+        note="Not run locally: as root it would add an address to this host's loopback. "
+        "The calls' filter refuses new namespaces, and the reset compares the container's "
+        "interfaces and addresses with its baseline.",
+    ),
+    Case(
+        id="iso-agent-priorities",
+        klass=CaseClass.ISOLATION,
+        title="the nice values and CPUs of the agent's processes are not the calls' to set",
+        code=code("""
+    mine = os.getuid()
+    agents = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and os.stat(f"/proc/{entry}").st_uid != mine:
+                agents.append(int(entry))
+        except OSError:
+            pass
+    done = {}
+    for pid in agents:
+        try:
+            os.setpriority(os.PRIO_PROCESS, pid, 13)
+            done[pid] = "nice"
+        except OSError as exc:
+            done[pid] = why(exc)
+        try:
+            os.sched_setaffinity(pid, {max(os.sched_getaffinity(pid))})
+        except OSError:
+            pass
+    report(agents=agents, done=done)
+"""),
+        follow_up=code("""
+    mine, marked = os.getuid(), []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and os.stat(f"/proc/{entry}").st_uid != mine:
+                if os.getpriority(os.PRIO_PROCESS, int(entry)) == 13:
+                    marked.append(int(entry))
+        except OSError:
+            pass
+    report(marked=marked, own_nice=os.getpriority(os.PRIO_PROCESS, 0))
+"""),
+        contained=_agents_untouched,
+        severity=Severity.MEDIUM,
+        reference="retool_exec red-team round of 2026-12-03 (seventh): gVisor checks no uid "
+        "for setpriority and sched_setaffinity; a call reniced the supervisor and the "
+        "zygotes, values the next calls read back and inherited",
+        local=Expect.HARMFUL,
+        note="Not run locally: as root it would renice this host's processes. The calls' "
+        "filter refuses both on any process but the caller's own, and the reset compares "
+        "the agent's nice values and CPUs with its baseline.",
+    ),
+    Case(
+        id="iso-device-times-any-depth",
+        klass=CaseClass.ISOLATION,
+        title="the times of every device node a call may write, at any depth under /dev, "
+        "are the reset's",
+        code=code(
+            _WRITABLE_NODES
+            + """
+    touched = {}
+    for path in writable_nodes():
+        try:
+            os.utime(path, None)
+            touched[path] = os.stat(path).st_mtime_ns
+        except OSError:
+            pass
+    report(touched=touched)
+"""
+        ),
+        follow_up=code(
+            _WRITABLE_NODES
+            + """
+    seen = {}
+    for path in writable_nodes():
+        try:
+            seen[path] = os.stat(path).st_mtime_ns
+        except OSError:
+            pass
+    report(seen=seen)
+"""
+        ),
+        contained=_times_all_reset,
+        severity=Severity.LOW,
+        reference="retool_exec red-team round of 2026-12-03 (seventh): gVisor's /dev/net/tun "
+        "(0666) is one level down, where the reset did not look; its times carried bits",
+        local=Expect.HOST_DEPENDENT,
+        note="Any exact time a call gave an inode, found again by the next call, is a "
+        "channel; the reset walks /dev at any depth (reset.kept_inodes).",
     ),
     Case(
         id="iso-reset-traps",
