@@ -15,6 +15,8 @@ from collections.abc import Iterator
 import pytest
 
 from retool_exec import BackendConfigBase, DockerConfig, Sandbox
+from retool_exec._errors import DockerUnavailableError
+from retool_exec.backends.docker.client import connect
 from retool_exec.backends.registry import BUILTIN_BACKENDS, backend_spec
 from retool_exec.backends.registry import backend_config as table_config
 
@@ -51,14 +53,8 @@ def backend_config(backend_id: str, *, timeout: float = 10.0) -> BackendConfigBa
 def docker_available() -> str | None:
     """None when a Docker daemon answers, else why not."""
     try:
-        import docker
-
-        client = docker.from_env(timeout=10)
-        try:
-            client.ping()
-        finally:
-            client.close()
-    except Exception as exc:
+        connect().close()
+    except DockerUnavailableError as exc:
         return f"no Docker daemon: {exc}"
     return None
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -101,6 +102,25 @@ def test_unreachable_daemon_names_the_socket_and_how_to_start_docker() -> None:
         Sandbox(config).start()
     assert "Start Docker" in str(info.value)
     assert info.value.__cause__ is not None
+
+
+def test_a_dead_daemons_stale_socket_is_a_clear_error_and_leaks_nothing(tmp_path: Any) -> None:
+    """A socket file nobody listens on (a daemon that died): refused, and no socket left for
+    a ResourceWarning at some later garbage collection (docker-py leaks its own)."""
+    import gc
+    import socket as socket_module
+
+    path = tmp_path / "stale.sock"
+    with socket_module.socket(socket_module.AF_UNIX, socket_module.SOCK_STREAM) as gone:
+        gone.bind(str(path))
+    config = DockerConfig(docker_host=f"unix://{path}", labels=LABELS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        with pytest.raises(DockerUnavailableError, match="Connection refused") as info:
+            Sandbox(config).start()
+        gc.collect()
+    assert "Start Docker" in str(info.value)
+    assert isinstance(info.value.__cause__, ConnectionRefusedError)
 
 
 def test_missing_runtime_is_a_clear_error() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import socket
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -53,13 +54,8 @@ def connect(docker_host: str | None = None, *, timeout: int = 120) -> docker.Doc
     ``timeout`` then applies to every later API request (image imports can be slow).
     """
     address = daemon_address(docker_host)
-    socket_path = address.removeprefix("unix://")
-    if address.startswith("unix://") and not os.path.exists(socket_path):
-        # Checked up front: docker-py leaks the socket of a failed unix connect.
-        missing = FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), socket_path)
-        raise DockerUnavailableError(
-            f"cannot reach the Docker daemon at {address}: no such socket. {_HOW_TO_START}"
-        ) from missing
+    if address.startswith("unix://"):
+        _check_accepts(address)
     try:
         client = (
             docker.DockerClient(base_url=docker_host, timeout=PING_TIMEOUT)
@@ -77,6 +73,26 @@ def connect(docker_host: str | None = None, *, timeout: int = 120) -> docker.Doc
             f"cannot reach the Docker daemon at {address}: {exc}. {_HOW_TO_START}"
         ) from exc
     return client
+
+
+def _check_accepts(address: str) -> None:
+    """Connect to a unix socket once ourselves: docker-py leaks the socket of a failed
+    unix connect (a ResourceWarning later, at some garbage collection), so a missing socket
+    or a dead daemon's stale one is found here, with our own socket closed."""
+    socket_path = address.removeprefix("unix://")
+    if not os.path.exists(socket_path):
+        missing = FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), socket_path)
+        raise DockerUnavailableError(
+            f"cannot reach the Docker daemon at {address}: no such socket. {_HOW_TO_START}"
+        ) from missing
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(PING_TIMEOUT)
+        try:
+            probe.connect(socket_path)
+        except OSError as exc:
+            raise DockerUnavailableError(
+                f"cannot reach the Docker daemon at {address}: {exc}. {_HOW_TO_START}"
+            ) from exc
 
 
 def is_transient(exc: BaseException) -> bool:
