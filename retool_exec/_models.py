@@ -32,9 +32,11 @@ class Outcome(enum.StrEnum):
     TIMEOUT = "timeout"
     """The wall-clock limit passed and the process group was killed."""
     OOM = "oom"
-    """The memory limit was hit and the kernel killed the code."""
+    """The memory limit was hit and the kernel killed a process of the code (the main one,
+    or one it started), and the code did not exit 0."""
     CPU_LIMIT = "cpu_limit"
-    """The CPU-time limit (``RLIMIT_CPU``) was hit: killed by SIGXCPU."""
+    """The CPU-time limit (``RLIMIT_CPU``) was used up: killed by SIGXCPU. A SIGXCPU the
+    code sent itself is a ``signal`` where the backend can tell (the Docker backends)."""
     SIGNAL = "signal"
     """Killed by another signal (a segfault, ``os.abort()``, ...)."""
     SANDBOX_ERROR = "sandbox_error"
@@ -186,8 +188,15 @@ _POSITIONAL = ("ok", "stdout", "stderr", "returncode", "timed_out", "latency")
 _SIGXCPU = int(getattr(signal, "SIGXCPU", 24))
 
 
-def classify_exit(returncode: int | None, *, timed_out: bool, oom: bool = False) -> Outcome:
-    """Map how a process ended to an Outcome (a pure function every backend shares)."""
+def classify_exit(
+    returncode: int | None, *, timed_out: bool, oom: bool = False, cpu_limit: bool | None = None
+) -> Outcome:
+    """Map how a process ended to an Outcome (a pure function every backend shares).
+
+    ``cpu_limit``: whether the process used its CPU-time limit, where the backend can
+    tell (its rusage); a SIGXCPU death without it is a ``signal`` (any process can send
+    itself SIGXCPU). None: the backend cannot tell, and the signal is taken at its word.
+    """
     if timed_out:
         return Outcome.TIMEOUT
     if oom:
@@ -196,7 +205,7 @@ def classify_exit(returncode: int | None, *, timed_out: bool, oom: bool = False)
         return Outcome.SANDBOX_ERROR
     if returncode == 0:
         return Outcome.SUCCESS
-    if returncode == -_SIGXCPU:
+    if returncode == -_SIGXCPU and cpu_limit is not False:
         return Outcome.CPU_LIMIT
     if returncode < 0:
         return Outcome.SIGNAL

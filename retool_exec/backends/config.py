@@ -119,6 +119,10 @@ class DockerConfig(BackendConfigBase):
     """Most processes and threads alive at once in a container."""
     cpus: float = Field(default=1.0, gt=0, le=256)
     """CPU share (``nano_cpus``)."""
+    cpu_seconds: int | None = Field(default=None, ge=1, le=24 * 3600)
+    """CPU time (``RLIMIT_CPU``) each call's process may use, ending it as ``cpu_limit``;
+    None: the call's timeout + 5 s, the seed's backstop behind the wall clock (which
+    only a process running threads on more than one CPU can reach)."""
     tmpfs_mb: int = Field(default=64, ge=1, le=1 << 16)
     """Size of the writable ``/tmp`` (a RAM-backed tmpfs, counted in the memory limit)."""
     tmpfs_inodes: int = Field(default=8192, ge=16)

@@ -95,9 +95,9 @@ def outcome_message(result: ExecResult) -> str:
     if outcome is Outcome.REJECTED:
         return f"rejected: {result.detail or result.stderr}"
     if outcome is Outcome.OOM:
-        return "out of memory: the code was killed at its memory limit"
+        return "out of memory: a process of the code was killed at its memory limit"
     if outcome is Outcome.CPU_LIMIT:
-        return "CPU time limit exceeded: the code was killed by SIGXCPU"
+        return "CPU time limit exceeded: the code used its CPU time and was killed by SIGXCPU"
     if outcome is Outcome.SIGNAL:
         return f"killed by signal {-(result.returncode or 0)}"
     return ""

@@ -379,19 +379,40 @@ def test_a_large_result_made_to_come_late_keeps_the_calls_own_timeout(runtime: s
 def test_a_call_past_its_cpu_time_is_cpu_limit_not_a_bare_kill(runtime: str) -> None:
     """With the soft CPU limit equal to the hard one, Linux and gVisor sent SIGKILL first:
     a bare "signal 9" that SandboxFusion's clients read as an OOM kill (the sixth
-    red-team round). The call lowers only its soft limit, as the agent's own gap does."""
+    red-team round). The agent's own gap between the two makes it SIGXCPU, and the
+    CPU time the process used makes it the limit's (see the next test)."""
     require_docker()
     code = (
         "import resource\n"
         "soft, hard = resource.getrlimit(resource.RLIMIT_CPU)\n"
-        "assert hard > soft, (soft, hard)\n"
-        "resource.setrlimit(resource.RLIMIT_CPU, (1, hard))\n"
+        "assert (soft, hard) == (1, 2), (soft, hard)\n"
         "while True: pass\n"
     )
-    config = DockerConfig(policy="reuse", pool_size=1, runtime=runtime, labels=LABELS)
+    config = DockerConfig(
+        policy="reuse", pool_size=1, runtime=runtime, cpu_seconds=1, labels=LABELS
+    )
     with Sandbox(config, max_workers=1) as sandbox:
         result = sandbox.run_code(code, timeout=20)
     assert (result.outcome, result.returncode) == (Outcome.CPU_LIMIT, -24), result
+
+
+@pytest.mark.parametrize("runtime", ["runc", "runsc"])
+def test_a_limit_the_call_set_itself_or_a_sigxcpu_it_sent_is_a_signal(runtime: str) -> None:
+    """``cpu_limit`` (``TimeLimitExceeded`` on the server) says the sandbox's limit was
+    used up: a SIGXCPU the code sent itself, or one from a lower limit it set itself,
+    read as one after 3 ms (the eighth red-team round)."""
+    require_docker()
+    lowered = (
+        "import resource\n"
+        "resource.setrlimit(resource.RLIMIT_CPU, (0, resource.getrlimit(resource.RLIMIT_CPU)[1]))\n"
+        "while True: pass\n"
+    )
+    sent = "import os, signal\nos.kill(os.getpid(), signal.SIGXCPU)\n"
+    config = DockerConfig(policy="reuse", pool_size=1, runtime=runtime, labels=LABELS)
+    with Sandbox(config, max_workers=1) as sandbox:
+        results = [sandbox.run_code(code, timeout=20) for code in (lowered, sent)]
+    for result in results:
+        assert (result.outcome, result.returncode) == (Outcome.SIGNAL, -24), result
 
 
 def test_a_container_that_died_while_idle_is_never_handed_out(reuse_one: Sandbox) -> None:

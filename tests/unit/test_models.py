@@ -73,6 +73,14 @@ def test_sigxcpu_is_cpu_limit() -> None:
     assert ExecResult(False, "", "", -24, False, 1.0).outcome is Outcome.CPU_LIMIT
 
 
+def test_sigxcpu_without_the_cpu_used_is_a_signal() -> None:
+    """A backend that can tell (rusage) says whether the limit was used; SIGXCPU is a
+    signal any process can send itself."""
+    assert classify_exit(-24, timed_out=False, cpu_limit=False) is Outcome.SIGNAL
+    assert classify_exit(-24, timed_out=False, cpu_limit=True) is Outcome.CPU_LIMIT
+    assert classify_exit(-24, timed_out=False) is Outcome.CPU_LIMIT  # cannot tell
+
+
 def test_sigsegv_is_signal() -> None:
     assert ExecResult(False, "", "", -11, False, 1.0).outcome is Outcome.SIGNAL
 

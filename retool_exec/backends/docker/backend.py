@@ -282,7 +282,7 @@ class DockerBackend(Backend):
             "type": "run",
             "code": request.code,
             "timeout": request.timeout,
-            "cpu_seconds": request.cpu_seconds,
+            "cpu_seconds": self.config.cpu_seconds or request.cpu_seconds,
             "read_cap": read_cap_bytes(self.config.max_output_chars),
             "reset": self.config.policy == "reuse",
         }
@@ -380,7 +380,12 @@ class DockerBackend(Backend):
         timed_out = bool(reply.get("timed_out"))
         raw_code = reply.get("returncode")
         returncode = None if timed_out or raw_code is None else int(raw_code)
-        outcome = classify_exit(returncode, timed_out=timed_out, oom=bool(reply.get("oom")))
+        outcome = classify_exit(
+            returncode,
+            timed_out=timed_out,
+            oom=bool(reply.get("oom")),
+            cpu_limit=bool(reply.get("cpu_limit")),
+        )
         try:
             files = {
                 str(path): wire.b64decode(data) for path, data in (reply.get("files") or {}).items()
@@ -444,7 +449,12 @@ class DockerBackend(Backend):
         timed_out = bool(ended.get("timed_out"))
         raw_code = ended.get("returncode")
         returncode = None if timed_out or not isinstance(raw_code, int) else raw_code
-        outcome = classify_exit(returncode, timed_out=timed_out, oom=bool(ended.get("oom")))
+        outcome = classify_exit(
+            returncode,
+            timed_out=timed_out,
+            oom=bool(ended.get("oom")),
+            cpu_limit=bool(ended.get("cpu_limit")),
+        )
         detail = (
             "the call's output was lost: its result (large output, fetched files or cells) "
             f"did not arrive within {RESULT_AFTER_LIMIT:g} s of its time limit"

@@ -221,7 +221,9 @@ class DockerSession(SessionHandle):
             self._lost = str(lost)
             if returncode is None and not timed_out and not oom:
                 returncode = -9  # ended by a signal the agent could not attribute
-        outcome = classify_exit(returncode, timed_out=timed_out, oom=oom)
+        outcome = classify_exit(
+            returncode, timed_out=timed_out, oom=oom, cpu_limit=bool(reply.get("cpu_limit"))
+        )
         # A session cell's streams are the frame's own; the cell record adds how it ended.
         own = {key: reply.get(key) for key in STREAM_KEYS}
         cells = [backend._cell({**cell, **own}) for cell in reply.get("cells") or []]

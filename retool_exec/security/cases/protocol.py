@@ -517,4 +517,22 @@ CASES: tuple[Case, ...] = (
         timeout=2.0,
         exclusive=True,
     ),
+    Case(
+        id="proto-forged-cpu-limit",
+        klass=CaseClass.PROTOCOL,
+        title="a call that sends itself SIGXCPU is not reported as out of CPU time",
+        code=code("""
+            import signal
+            print("a wrong answer")
+            sys.stdout.flush()
+            os.kill(os.getpid(), signal.SIGXCPU)
+        """),
+        contained=lambda obs: obs.result.outcome is Outcome.SIGNAL and obs.result.returncode == -24,
+        severity=Severity.MEDIUM,
+        reference="retool_exec red-team round of 2026-12-04 (eighth): 3 ms after its start a "
+        "call read as cpu_limit, which the server answers as TimeLimitExceeded",
+        local=Expect.EXPOSED,
+        note="The outcome names a limit only when the process used it: the agent reads the "
+        "CPU time of a SIGXCPU death from its rusage.",
+    ),
 )

@@ -39,10 +39,12 @@ LIVENESS_TICK = 0.1
 class SessionProcess:
     """The supervisor's end of one session: its pid, events pipe and request socket."""
 
-    def __init__(self, pid: int, events_r: int, request: socket.socket) -> None:
+    def __init__(self, pid: int, events_r: int, request: socket.socket, cpu_seconds: float) -> None:
         self.pid = pid
         self.events_r = events_r
         self.request = request
+        self.cpu_seconds = cpu_seconds
+        """Its CPU-time limit (a fork inherits its parent's)."""
         self.events = wire.FrameDecoder(max_frame=1 << 20)
         self.lost: str | None = None
         os.set_blocking(events_r, False)
@@ -111,7 +113,9 @@ def open_session(sid: int, request: dict[str, Any]) -> dict[str, Any]:
         os.close(fd)  # a session's output goes to each cell's own pipes
     ready = _wait_started(child)
     os.close(child.started_r)
-    process = SessionProcess(child.pid, child.events_r, child.request)
+    process = SessionProcess(
+        child.pid, child.events_r, child.request, float(to_child["cpu_seconds"])
+    )
     if not ready:
         process.close()
         sv.signal_call(child.pid, signal.SIGKILL)
@@ -140,7 +144,7 @@ def fork_session(sid: int, new_sid: int) -> dict[str, Any]:
     finally:
         os.close(events_w)
         theirs.close()
-    copy = SessionProcess(0, events_r, ours)
+    copy = SessionProcess(0, events_r, ours, parent.cpu_seconds)
     pid = _copy_pid(ours)
     if pid is None or pid in {process.pid for process in table.values()}:
         copy.close()
@@ -157,6 +161,7 @@ def close_session(sid: int) -> None:
     process.close()  # its request socket closes: it leaves its loop
     sv.signal_call(process.pid, signal.SIGKILL)
     _collect(process.pid)
+    sv.xcpu_seconds.pop(process.pid, None)
 
 
 def _send(
@@ -230,9 +235,10 @@ def _collect(pid: int, wait: float = 0.5) -> int | None:
         if pid in sv.exits:
             return sv.exits.pop(pid)
         try:
-            reaped, status = os.waitpid(pid, os.WNOHANG)
+            reaped, status, usage = os.wait4(pid, os.WNOHANG)
             if reaped:
-                return status
+                sv.record_exit(reaped, status, usage.ru_utime + usage.ru_stime)
+                return sv.exits.pop(reaped)
         except ChildProcessError:
             pass
         if time.monotonic() > give_up:
@@ -257,6 +263,7 @@ def run_cell(sid: int, request: dict[str, Any]) -> dict[str, Any]:
         "returncode": None,
         "timed_out": False,
         "oom": False,
+        "cpu_limit": False,
         "stdout": "",
         "stdout_dropped": 0,
         "stderr": "",
@@ -345,6 +352,9 @@ def run_cell(sid: int, request: dict[str, Any]) -> dict[str, Any]:
         result["oom"] = oom
         if status is not None:
             result["returncode"] = sv.decode_status(status)
+            result["cpu_limit"] = sv.reached_cpu_limit(
+                process.pid, result["returncode"], process.cpu_seconds
+            )
             if os.WIFEXITED(status):
                 process.lost = f"the session's interpreter exited (status {os.WEXITSTATUS(status)})"
         result["lost"] = process.lost

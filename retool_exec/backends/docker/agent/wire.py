@@ -137,6 +137,10 @@ def b64decode(text: object) -> bytes:
 # -- messages ----------------------------------------------------------------------
 
 
+DEFAULT_CPU_SECONDS = 35
+"""A call's CPU-time limit (``RLIMIT_CPU``) when its request names none."""
+
+
 class RunFrame(TypedDict, total=False):
     type: str  # "run"
     id: int

@@ -45,7 +45,8 @@ FORKED_BYTE = b"F"
 the one byte that says its code starts (closed before the code exists, see ``_mark_started``)."""
 CHILD_FDS = 5
 STARTED_BYTE = b"S"
-PID_STATUS = struct.Struct("=ii")
+PID_STATUS = struct.Struct("=iiq")
+"""pid, wait status and, for an exit, the CPU microseconds it and its reaped children used."""
 CHILD_NICE = 10
 """Calls run below the supervisor's priority, so it keeps the CPU it needs for deadlines."""
 CHILD_MEMLOCK = 64 * 1024
@@ -253,12 +254,13 @@ def serve(
 def _report_exits(control: socket.socket) -> None:
     while True:
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            pid, status, usage = os.wait4(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
-        control.send(b"X" + PID_STATUS.pack(pid, status))
+        cpu = int((usage.ru_utime + usage.ru_stime) * 1e6)
+        control.send(b"X" + PID_STATUS.pack(pid, status, cpu))
 
 
 def _fork_one(control: socket.socket, wake_r: int, wake_w: int) -> None:
@@ -292,7 +294,7 @@ def _fork_one(control: socket.socket, wake_r: int, wake_w: int) -> None:
         child_main(*fds)
     for fd in fds:
         os.close(fd)
-    control.send(b"P" + PID_STATUS.pack(pid, 0))
+    control.send(b"P" + PID_STATUS.pack(pid, 0, 0))
 
 
 DRAIN_LIMIT = 4 << 20
@@ -371,7 +373,7 @@ def child_main(events_w: int, request_r: int, out_w: int, err_w: int, started_w:
         except (EOFError, ValueError):
             status = 0
             return  # a spare discarded unused
-        cpu = int(request.get("cpu_seconds", 35))
+        cpu = int(request.get("cpu_seconds", wire.DEFAULT_CPU_SECONDS))
         # Soft below hard: at the soft limit Linux (and gVisor) send SIGXCPU, which reads
         # as cpu_limit; with the two equal the hard limit's SIGKILL came first, a bare
         # "signal 9" that SandboxFusion's clients take for an OOM kill.
