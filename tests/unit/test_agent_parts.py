@@ -180,3 +180,25 @@ def test_the_network_setup_and_the_agents_settings_are_part_of_the_baseline() ->
         "network setup changed: unreadable"
     ]
     assert reset.compare(facts, facts) == []
+
+
+def test_the_neighbour_cache_and_its_times_are_part_of_the_baseline() -> None:
+    """Entries no process holds, stamped with when they were made or confirmed: a new
+    entry or a moved time is a change; the clock's own jitter is not."""
+    entry = (2, 1, b"\0\0\0\0", 0x40, 0, 1)
+    baseline = {"neighbours": ((*entry, (1000, 1000, 1000)),)}
+    same = {"neighbours": ((*entry, (1000 + reset.NEIGHBOUR_TICK_TOLERANCE, 999, 1000)),)}
+    assert reset.compare(baseline, same) == []
+    stamped = {"neighbours": ((*entry, (1030, 1000, 1000)),)}
+    assert reset.compare(baseline, stamped)[0].startswith("neighbour cache changed: the times")
+    new = {
+        "neighbours": (*baseline["neighbours"], (10, 1, b"\0" * 15 + b"\1", 0x40, 0, 1, (5,) * 3))
+    }
+    assert reset.compare(baseline, new)[0].startswith("neighbour cache changed: new entry")
+    assert reset.compare(baseline, {"neighbours": ()})[0].startswith(
+        "neighbour cache changed: entries gone"
+    )
+    assert reset.compare(baseline, {"neighbours": None}) == ["neighbour cache changed: unreadable"]
+    assert reset.compare({"neighbours": None}, {"neighbours": None}) == []
+    facts = reset.measure()
+    assert facts["neighbours"] is None or isinstance(facts["neighbours"], tuple)

@@ -163,6 +163,40 @@ _RTNETLINK_TOOLS = """
                 offset += (length + 3) & ~3
         return sorted(set(found))
 """
+_NEIGHBOUR_TOOLS = """
+    def neighbour_times():
+        found = {}
+        answer = rtnetlink(30, 0x301, bytes(12))  # RTM_GETNEIGH, a dump
+        for payload in answer if isinstance(answer, list) else ():  # (an int: refused)
+            family, offset, dst, times = payload[0], 12, None, None
+            while offset + 4 <= len(payload):
+                length, kind = struct.unpack_from("=HH", payload, offset)
+                if length < 4:
+                    break
+                if kind == 1:  # NDA_DST
+                    dst = socket.inet_ntop(family, payload[offset + 4 : offset + length])
+                if kind == 3:  # NDA_CACHEINFO: ages (confirmed, used, updated) in 1/100 s
+                    times = struct.unpack_from("=III", payload, offset + 4)
+                offset += (length + 3) & ~3
+            if dst is not None and times is not None:  # lo's IPv4 entry is keyed by no address
+                found["ipv4" if family == socket.AF_INET else dst] = times
+        return found
+"""
+_NEIGHBOUR_GAP = 0.3
+"""Seconds between the attack's IPv4 and IPv6 neighbour stamps: what the follow-up looks for."""
+
+
+def _no_neighbour_gap(obs: Observation) -> bool:
+    if obs.follow is None or not obs.follow.ok:
+        return False
+    times = obs.follow_facts()["times"]
+    ipv4, ipv6 = times.get("ipv4"), times.get("::1")
+    if ipv4 is None or ipv6 is None:
+        return True  # no entries at all (gVisor lists none): nothing carried
+    gaps = [abs(a - b) / 100 for a, b in zip(ipv4, ipv6, strict=True)]
+    return all(abs(gap - _NEIGHBOUR_GAP) > 0.08 for gap in gaps)
+
+
 _MARKED_ADDRESS = "127.83.69.67"
 """The address the attack adds (127.S.E.C); the follow-up looks for it."""
 
@@ -528,6 +562,51 @@ CASES: tuple[Case, ...] = (
         note="Not run locally: as root it would add an address to this host's loopback. "
         "The calls' filter refuses new namespaces, and the reset compares the container's "
         "interfaces and addresses with its baseline.",
+    ),
+    Case(
+        id="iso-neighbour-times",
+        klass=CaseClass.ISOLATION,
+        title="the times in the loopback's neighbour cache carry nothing to the next call",
+        code=code(
+            _RTNETLINK_TOOLS
+            + f"""
+    import time
+    stamps = []
+    for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+        try:
+            with socket.socket(family, socket.SOCK_DGRAM) as own, socket.socket(
+                family, socket.SOCK_DGRAM
+            ) as udp:
+                own.bind((host, 0))  # its own listener: nothing else is contacted
+                udp.sendto(b"x", own.getsockname())  # makes the entry, unless it is there
+                udp.sendto(b"", 0x810, own.getsockname())  # MSG_CONFIRM | MSG_PROBE: stamps it
+            stamps.append(host)
+        except OSError as exc:
+            stamps.append(why(exc))
+        time.sleep({_NEIGHBOUR_GAP})
+    report(stamps=stamps)
+"""
+        ),
+        follow_up=code(
+            _RTNETLINK_TOOLS
+            + _NEIGHBOUR_TOOLS
+            + """
+    try:
+        times = neighbour_times()
+    except OSError:
+        times = {}
+    report(times=times)
+"""
+        ),
+        contained=_no_neighbour_gap,
+        severity=Severity.LOW,
+        reference="retool_exec red-team round of 2026-12-04 (eighth): the entries the first "
+        "packets to lo made, and their times, outlived the reset; their gap carried a byte",
+        local=Expect.HOST_DEPENDENT,
+        local_reason="a host whose loopback has sent before keeps its entries' old times",
+        note="The agent makes the loopback's entries before its baseline, and the reset "
+        "compares the cache, times included, with it; a call that stamps them retires its "
+        "container. gVisor lists no neighbours.",
     ),
     Case(
         id="iso-agent-priorities",

@@ -4,8 +4,9 @@ Removing what can be listed is not enough: resources held only by
 descriptors in flight (an SCM_RIGHTS cycle of unix sockets holding a memfd,
 an unlinked file, a listening socket) survive every process. So when the
 container is ready, ``measure()`` records a baseline (free space and inodes
-of each scratch tmpfs, the memory no process should hold, the sockets of
-the container's network namespace, the supervisor's own descriptors) and
+of each scratch tmpfs, the memory no process should hold, the sockets,
+interfaces, addresses and neighbour cache of the container's network
+namespace, the supervisor's own descriptors) and
 after each reset ``compare()`` says what is not back within a stated
 tolerance. The host retires any container that is not.
 
@@ -441,6 +442,12 @@ def trigger_unix_gc() -> None:
 
 _NLMSG_DONE, _NLMSG_ERROR = 3, 2
 _RTM_GETLINK, _RTM_NEWLINK, _RTM_GETADDR, _RTM_NEWADDR = 18, 16, 22, 20
+_RTM_GETNEIGH, _RTM_NEWNEIGH, _NDA_DST, _NDA_CACHEINFO = 30, 28, 1, 3
+TICKS_PER_SECOND = 100
+"""The unit of a neighbour entry's ages (``clock_t``, USER_HZ)."""
+NEIGHBOUR_TICK_TOLERANCE = 3
+"""Ticks a neighbour entry's time may seem to move between two readings (each turns an
+age into a time with a clock read a moment apart; a call's change is the call's age)."""
 _NETLINK_DUMP = 0x301  # NLM_F_REQUEST | NLM_F_DUMP
 _IFLA_IFNAME, _IFA_ADDRESS, _IFA_LOCAL = 3, 1, 2
 
@@ -508,6 +515,67 @@ def network_setup() -> tuple[tuple[object, ...], ...] | None:
     return tuple(sorted(setup, key=repr))
 
 
+def create_loopback_neighbours() -> None:
+    """Make the loopback's neighbour entries (IPv4's and ``::1``) before the baseline.
+
+    Why: the first packet to an address of ``lo`` makes an entry that no process holds
+    and that stays (the kernel collects entries only past 128), stamped with the time
+    it was made; the next call read that time through the reset, a 10 ms clock a call
+    could set (eighth red-team round). Made here, they are the agent's, and the baseline
+    (``neighbours``) holds their times.
+    """
+    for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+        try:
+            with (
+                socket.socket(family, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as receiver,
+                socket.socket(family, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sender,
+            ):
+                receiver.bind((host, 0))
+                sender.sendto(b"", receiver.getsockname())
+        except OSError:
+            pass  # no IPv6 in this namespace: no entry to make
+
+
+def neighbours() -> tuple[tuple[object, ...], ...] | None:
+    """The network namespace's neighbour cache: each entry and the times (in ticks of
+    the monotonic clock) it was last confirmed, used and updated; None when netlink
+    cannot say (gVisor lists none)."""
+    try:
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, 0) as sock:
+            sock.settimeout(1.0)
+            messages = _netlink_dump(sock, _RTM_GETNEIGH, bytes(12))
+    except OSError:
+        return None
+    now = round(time.monotonic() * TICKS_PER_SECOND)
+    entries: list[tuple[object, ...]] = []
+    for message, payload in messages:
+        if message != _RTM_NEWNEIGH or len(payload) < 12:
+            continue
+        family, index, state, flags, kind = struct.unpack_from("=BxxxiHBB", payload)
+        found = _attributes(payload, 12)
+        info = found.get(_NDA_CACHEINFO, b"")
+        ages = struct.unpack_from("=III", info) if len(info) >= 12 else (0, 0, 0)
+        times = tuple(now - age for age in ages)
+        entries.append((family, index, found.get(_NDA_DST), state, flags, kind, times))
+    return tuple(sorted(entries, key=repr))
+
+
+def neighbours_moved(before: object, after: object) -> str | None:
+    """How the neighbour cache differs from ``before`` beyond the clock's tolerance."""
+    if before == after:
+        return None
+    if not isinstance(before, tuple) or not isinstance(after, tuple):
+        return "unreadable" if after is None else "readable only now"
+    times_of = {entry[:-1]: entry[-1] for entry in before}
+    for entry in after:
+        was = times_of.pop(entry[:-1], None)
+        if was is None:
+            return f"new entry {entry[:-1]!r}"[:300]
+        if any(abs(a - b) > NEIGHBOUR_TICK_TOLERANCE for a, b in zip(was, entry[-1], strict=True)):
+            return f"the times of {entry[:-1]!r} changed"[:300]
+    return f"entries gone: {list(times_of)[:3]!r}"[:300] if times_of else None
+
+
 def agent_settings(pids: Sequence[int]) -> tuple[tuple[int, int, tuple[int, ...]], ...] | None:
     """Each agent process's nice value and CPUs; None when one cannot be read.
 
@@ -531,6 +599,7 @@ def measure(agents: Sequence[int] = ()) -> dict[str, object]:
     pids of the agent's own processes (the supervisor and the zygotes)."""
     facts: dict[str, object] = {}
     facts["network setup"] = network_setup()
+    facts["neighbours"] = neighbours()
     facts["agent settings"] = agent_settings(agents)
     for directory in wire.SCRATCH_DIRS:
         facts[f"space:{directory}"] = _statvfs(directory)
@@ -578,6 +647,9 @@ def compare(baseline: dict[str, object], now: dict[str, object]) -> list[str]:
             problems.append(f"{grown >> 20} MiB of memory still held ({after_memory[0]})")
     elif before_memory is not None:
         problems.append("memory usage unreadable")
+    moved = neighbours_moved(baseline.get("neighbours"), now.get("neighbours"))
+    if moved:
+        problems.append(f"neighbour cache changed: {moved}")
     for key in ("network setup", "agent settings"):
         if baseline.get(key) != now.get(key):
             problems.append(f"{key} changed: {_difference(baseline.get(key), now.get(key))}")

@@ -1151,6 +1151,7 @@ def main(argv: list[str]) -> int:
     try:
         loaded, failed = start(argv)
         reap_orphans()
+        reset.create_loopback_neighbours()
         State.baseline = reset.measure(agent_pids())
         State.kept_inodes = reset.kept_inodes()
         State.spare = Child(FULL)
