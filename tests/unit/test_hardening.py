@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from retool_exec import DockerConfig
-from retool_exec.backends.docker.hardening import BASE_ENV, container_spec
+from retool_exec.backends.docker.hardening import BASE_ENV, DOCKER_MASKED_PATHS, container_spec
 
 MIB = 1024 * 1024
 
@@ -212,3 +212,13 @@ def test_each_container_gets_its_own_calls_uid_recorded_in_a_label() -> None:
     assert base.create["command"] != command  # the shared spec is not changed
     with pytest.raises(ValueError):
         with_sandbox_uid(base, 65534, "uid-label")
+
+
+def test_docker_s_masked_paths_are_kept_and_the_host_s_file_counts_are_added() -> None:
+    """A container's MaskedPaths replaces Docker's list: each default stays masked, and
+    the host's open-file, inode and dentry counts (a channel between containers under
+    runc) are masked too."""
+    masked = spec().host_config_fields["MaskedPaths"]
+    assert set(DOCKER_MASKED_PATHS) <= set(masked)
+    assert {"/proc/kcore", "/proc/keys", "/sys/firmware", "/proc/sys/fs/file-nr"} <= set(masked)
+    assert spec(runtime="runsc").host_config_fields == spec().host_config_fields

@@ -231,6 +231,7 @@ class ContainerFactory:
         api = self.client.api
         spec = with_sandbox_uid(self._spec, uid, LABEL_UID)
         host_config = api.create_host_config(**spec.host_config)
+        host_config.update(spec.host_config_fields)
 
         def create() -> str:
             try:

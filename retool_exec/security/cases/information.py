@@ -182,4 +182,41 @@ CASES: tuple[Case, ...] = (
         reference="codejail test 'can't see other sandboxes'; one process tree per run (isolate)",
         catalogue=(40,),
     ),
+    Case(
+        id="info-host-file-counts",
+        klass=CaseClass.INFORMATION,
+        title="the host's counts of open files, inodes and dentries are not readable",
+        code=code("""
+            PATHS = ("/proc/sys/fs/file-nr", "/proc/sys/fs/inode-nr",
+                     "/proc/sys/fs/inode-state", "/proc/sys/fs/dentry-state",
+                     "/proc/sys/fs/aio-nr")
+
+            def counts():
+                found = {}
+                for path in PATHS:
+                    try:
+                        with open(path) as handle:
+                            found[path] = handle.read().split()
+                    except OSError as exc:
+                        found[path] = why(exc)
+                return found
+
+            before = counts()
+            held = [os.open("/dev/null", os.O_RDONLY) for _ in range(200)]
+            during = counts()
+            for fd in held:
+                os.close(fd)
+            readable = sorted(path for path, value in during.items() if isinstance(value, list)
+                              and value and value[0].isdigit())
+            moved = readable and "/proc/sys/fs/file-nr" in readable and (
+                int(during["/proc/sys/fs/file-nr"][0]) - int(before["/proc/sys/fs/file-nr"][0]))
+            report(readable=readable, moved=moved)
+        """),
+        contained=lambda obs: obs.facts()["readable"] == [],
+        severity=Severity.LOW,
+        reference="retool_exec red-team round of 2026-12-04 (eighth): under runc two calls "
+        "in different containers moved 10 bits of 10 through the host's open file count",
+        note="Masked under runc (read as empty); gVisor has none of these files. Other "
+        "host-wide figures stay shared under runc: docs/security.md, what is not promised.",
+    ),
 )
