@@ -194,8 +194,9 @@ def classify_exit(
     """Map how a process ended to an Outcome (a pure function every backend shares).
 
     ``cpu_limit``: whether the process used its CPU-time limit, where the backend can
-    tell (its rusage); a SIGXCPU death without it is a ``signal`` (any process can send
-    itself SIGXCPU). None: the backend cannot tell, and the signal is taken at its word.
+    tell (from the process's own CPU time); a SIGXCPU death without it is a ``signal``
+    (any process can send itself SIGXCPU). None: the backend cannot tell, and the
+    signal is taken at its word.
     """
     if timed_out:
         return Outcome.TIMEOUT

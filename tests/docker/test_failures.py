@@ -415,6 +415,30 @@ def test_a_limit_the_call_set_itself_or_a_sigxcpu_it_sent_is_a_signal(runtime: s
         assert (result.outcome, result.returncode) == (Outcome.SIGNAL, -24), result
 
 
+@pytest.mark.parametrize("runtime", ["runc", "runsc"])
+def test_cpu_its_children_used_does_not_make_a_sigxcpu_the_limit_s(runtime: str) -> None:
+    """The limit is per process: children that burn it, reaped, then a SIGXCPU of the
+    call's own, read as ``cpu_limit`` while the rusage counted the children's CPU
+    (the ninth red-team round)."""
+    require_docker()
+    code = (
+        "import os, signal, time\n"
+        "for _ in range(2):\n"
+        "    if os.fork() == 0:\n"
+        "        end = time.process_time() + 0.7\n"
+        "        while time.process_time() < end: pass\n"
+        "        os._exit(0)\n"
+        "    os.wait()\n"
+        "os.kill(os.getpid(), signal.SIGXCPU)\n"
+    )
+    config = DockerConfig(
+        policy="reuse", pool_size=1, runtime=runtime, cpu_seconds=1, labels=LABELS
+    )
+    with Sandbox(config, max_workers=1) as sandbox:
+        result = sandbox.run_code(code, timeout=20)
+    assert (result.outcome, result.returncode) == (Outcome.SIGNAL, -24), result
+
+
 def test_a_container_that_died_while_idle_is_never_handed_out(reuse_one: Sandbox) -> None:
     """Its code never ran, so the call runs on a fresh container instead (issue 12.6)."""
     [container_id] = pool_containers(reuse_one)

@@ -533,6 +533,6 @@ CASES: tuple[Case, ...] = (
         "call read as cpu_limit, which the server answers as TimeLimitExceeded",
         local=Expect.EXPOSED,
         note="The outcome names a limit only when the process used it: the agent reads the "
-        "CPU time of a SIGXCPU death from its rusage.",
+        "CPU time a SIGXCPU death used itself (its zombie's /proc/PID/stat).",
     ),
 )

@@ -235,10 +235,10 @@ def _collect(pid: int, wait: float = 0.5) -> int | None:
         if pid in sv.exits:
             return sv.exits.pop(pid)
         try:
-            reaped, status, usage = os.wait4(pid, os.WNOHANG)
-            if reaped:
-                sv.record_exit(reaped, status, usage.ru_utime + usage.ru_stime)
-                return sv.exits.pop(reaped)
+            ended = zygote.reap(pid)
+            if ended is not None:
+                sv.record_exit(*ended)
+                return sv.exits.pop(pid)
         except ChildProcessError:
             pass
         if time.monotonic() > give_up:

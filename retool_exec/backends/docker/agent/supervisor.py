@@ -262,8 +262,8 @@ class Child:
 exits: dict[int, int] = {}
 """Wait statuses the zygotes reported, by pid, not yet claimed."""
 xcpu_seconds: dict[int, float] = {}
-"""CPU seconds used by each process that SIGXCPU ended (itself and its reaped
-children), by pid, not yet claimed: what says whether it reached its limit."""
+"""CPU seconds each process that SIGXCPU ended used itself (not its children), by pid,
+not yet claimed: what says whether it reached its limit."""
 CPU_LIMIT_SLACK = 0.1
 """Seconds below the CPU limit a SIGXCPU death may have used and still be the limit's
 (the kernel checks at its tick; the limit is whole seconds, a forger is far below)."""
@@ -287,7 +287,7 @@ def reached_cpu_limit(pid: int, returncode: int | None, limit: float) -> bool:
     3 ms read as ``cpu_limit`` (which SandboxFusion's answer turns into
     ``TimeLimitExceeded``), a resource verdict it never earned (eighth red-team
     round). The limit's own SIGXCPU comes only once the process used ``limit``
-    seconds of CPU, which its rusage shows.
+    seconds of CPU itself (``zygote.reap``).
     """
     used = xcpu_seconds.pop(pid, None)
     return returncode == -signal.SIGXCPU and used is not None and used >= limit - CPU_LIMIT_SLACK

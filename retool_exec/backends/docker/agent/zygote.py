@@ -46,7 +46,7 @@ the one byte that says its code starts (closed before the code exists, see ``_ma
 CHILD_FDS = 5
 STARTED_BYTE = b"S"
 PID_STATUS = struct.Struct("=iiq")
-"""pid, wait status and, for an exit, the CPU microseconds it and its reaped children used."""
+"""pid, wait status and, for a SIGXCPU death, the CPU microseconds the process used."""
 CHILD_NICE = 10
 """Calls run below the supervisor's priority, so it keeps the CPU it needs for deadlines."""
 CHILD_MEMLOCK = 64 * 1024
@@ -254,13 +254,43 @@ def serve(
 def _report_exits(control: socket.socket) -> None:
     while True:
         try:
-            pid, status, usage = os.wait4(-1, os.WNOHANG)
+            ended = reap(-1)
         except ChildProcessError:
             return
-        if pid == 0:
+        if ended is None:
             return
-        cpu = int((usage.ru_utime + usage.ru_stime) * 1e6)
-        control.send(b"X" + PID_STATUS.pack(pid, status, cpu))
+        pid, status, cpu = ended
+        control.send(b"X" + PID_STATUS.pack(pid, status, int(cpu * 1e6)))
+
+
+def reap(pid: int) -> tuple[int, int, float] | None:
+    """Reap child ``pid`` (-1: any) if it ended: its pid, wait status and, if SIGXCPU
+    ended it, the CPU seconds it used itself; None if none ended yet.
+
+    Why its own: the rusage ``wait4`` gives adds the children it reaped, and a call
+    that forked children to burn the limit's CPU and then sent itself SIGXCPU read as
+    ``cpu_limit`` (ninth red-team round), which no process of it had reached. The
+    zombie's ``/proc/PID/stat`` still holds the process's own times until it is reaped.
+    """
+    which = os.P_ALL if pid == -1 else os.P_PID
+    ended = os.waitid(which, max(pid, 0), os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    if ended is None:
+        return None
+    cpu = 0.0
+    if ended.si_code in (os.CLD_KILLED, os.CLD_DUMPED) and ended.si_status == signal.SIGXCPU:
+        cpu = own_cpu_seconds(ended.si_pid)
+    _, status = os.waitpid(ended.si_pid, 0)
+    return ended.si_pid, status, cpu
+
+
+def own_cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of process ``pid`` itself, not its children (0: unknown)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            fields = handle.read().rpartition(b")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def _fork_one(control: socket.socket, wake_r: int, wake_w: int) -> None:
