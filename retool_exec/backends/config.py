@@ -35,6 +35,11 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RESERVED_ENV = frozenset({"PATH", "HOME", "LANG", "PYTHONDONTWRITEBYTECODE", "HOSTNAME"})
 
 
+def is_gvisor(runtime: str | None) -> bool:
+    """Whether ``runtime`` names gVisor (``runsc``, ``runsc-ptrace``, ...)."""
+    return bool(runtime) and str(runtime).startswith("runsc")
+
+
 class BackendConfigBase(BaseModel):
     """Fields every backend understands."""
 
@@ -123,6 +128,13 @@ class DockerConfig(BackendConfigBase):
     """CPU time (``RLIMIT_CPU``) each call's process may use, ending it as ``cpu_limit``;
     None: the call's timeout + 5 s, the seed's backstop behind the wall clock (which
     only a process running threads on more than one CPU can reach)."""
+    loopback_tcp: bool | None = None
+    """Whether calls may use TCP (on their own loopback: there is no other network); a
+    refused TCP socket fails with EACCES (a ``PermissionError``). None: only under gVisor.
+    Why not under runc: a TCP connect's source port comes from a table the host kernel
+    shares between all containers, which calls in different containers, at any time
+    apart, used as a channel (docs/security.md, finding 30); gVisor keeps its own. UDP,
+    unix sockets and resolving ``localhost`` work everywhere."""
     tmpfs_mb: int = Field(default=64, ge=1, le=1 << 16)
     """Size of the writable ``/tmp`` (a RAM-backed tmpfs, counted in the memory limit)."""
     tmpfs_inodes: int = Field(default=8192, ge=16)
@@ -200,6 +212,11 @@ class DockerConfig(BackendConfigBase):
     def spec(self) -> ImageSpec:
         """The spec of the image built here (the default when none is given)."""
         return self.image_spec if self.image_spec is not None else ImageSpec()
+
+    @property
+    def tcp_allowed(self) -> bool:
+        """``loopback_tcp``, or where it is None, whether the runtime is gVisor."""
+        return is_gvisor(self.runtime) if self.loopback_tcp is None else self.loopback_tcp
 
     @property
     def preload_modules(self) -> tuple[str, ...]:

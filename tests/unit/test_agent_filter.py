@@ -19,6 +19,7 @@ from retool_exec.backends.docker.agent import supervisor
 ALLOW, DENY = agent.SECCOMP_RET_ALLOW, agent.SECCOMP_RET_ERRNO | agent.ENOSYS
 REFUSE = agent.SECCOMP_RET_ERRNO | agent.EPERM
 NO_FAMILY = agent.SECCOMP_RET_ERRNO | agent.EAFNOSUPPORT
+NO_STREAM = agent.SECCOMP_RET_ERRNO | agent.EACCES
 READ = {"x86_64": 0, "aarch64": 63}
 AF_UNIX, AF_INET, AF_INET6, AF_NETLINK, AF_PACKET, AF_ALG, AF_VSOCK = 1, 2, 10, 16, 17, 38, 40
 
@@ -38,6 +39,9 @@ def run_bpf(program: bytes, *, arch: int, nr: int, arg0: int = 0, arg1: int = 0)
             pc += 1 + (jt if accumulator == k else jf)
         elif code == 0x45:  # jset k
             pc += 1 + (jt if accumulator & k else jf)
+        elif code == 0x54:  # and k
+            accumulator &= k
+            pc += 1
         elif code == 0x06:  # ret k
             return k
         else:
@@ -45,7 +49,7 @@ def run_bpf(program: bytes, *, arch: int, nr: int, arg0: int = 0, arg1: int = 0)
     raise AssertionError("the program ran off its end")
 
 
-def expected(machine: str, nr: int, arg0: int, arg1: int) -> int:
+def expected(machine: str, nr: int, arg0: int, arg1: int, *, tcp: bool = True) -> int:
     """What the filter must answer on ``machine``'s native ABI, from the tables."""
     clone, clone3 = agent.CLONE_SYSCALLS[machine]
     if nr in agent.DENIED_SYSCALLS[machine] or nr == clone3:
@@ -55,7 +59,10 @@ def expected(machine: str, nr: int, arg0: int, arg1: int) -> int:
     if nr == clone:
         return REFUSE if arg0 & agent.CLONE_NEW_NAMESPACES else ALLOW
     if nr in agent.SOCKET_SYSCALLS[machine]:
-        return ALLOW if arg0 & 0xFFFFFFFF in agent.ALLOWED_FAMILIES else NO_FAMILY
+        family, kind = arg0 & 0xFFFFFFFF, arg1 & 0xF
+        if not tcp and family in agent.INET_FAMILIES and kind not in agent.DATAGRAM_TYPES:
+            return NO_STREAM
+        return ALLOW if family in agent.ALLOWED_FAMILIES else NO_FAMILY
     for number, argument in agent.OWN_PROCESS_SYSCALLS[machine]:
         if nr == number:
             return ALLOW if (arg0, arg1)[argument] & 0xFFFFFFFF == 0 else REFUSE
@@ -83,6 +90,24 @@ def test_sockets_of_other_families_than_unix_inet_and_netlink_are_refused(machin
         for family in (0, AF_PACKET, AF_ALG, AF_VSOCK, 45, 0xFFFFFFFF, AF_VSOCK | 1 << 32):
             assert run_bpf(program, arch=arch, nr=nr, arg0=family) == NO_FAMILY
     assert run_bpf(program, arch=arch, nr=READ[machine], arg0=AF_VSOCK) == ALLOW
+
+
+@pytest.mark.parametrize("machine", sorted(agent.AUDIT_ARCH))
+def test_without_tcp_an_inet_socket_is_a_datagram_one(machine: str) -> None:
+    """``DockerConfig(loopback_tcp=False)``: no TCP (nor SCTP, DCCP, MPTCP), whatever
+    flags ride in the type; UDP, ping and unix streams stay."""
+    sock_stream, sock_dgram, nonblock_cloexec = 1, 2, 0x800 | 0x80000
+    arch = agent.AUDIT_ARCH[machine]
+    for tcp, want in ((True, ALLOW), (False, NO_STREAM)):
+        program = agent.syscall_filter(machine, tcp=tcp)
+        for nr in agent.SOCKET_SYSCALLS[machine]:
+            for family in (AF_INET, AF_INET6, AF_INET | 1 << 40):
+                for kind in (sock_stream, sock_stream | nonblock_cloexec, 5, 6):
+                    assert run_bpf(program, arch=arch, nr=nr, arg0=family, arg1=kind) == want
+                for kind in (sock_dgram, sock_dgram | nonblock_cloexec, 3):
+                    assert run_bpf(program, arch=arch, nr=nr, arg0=family, arg1=kind) == ALLOW
+            assert run_bpf(program, arch=arch, nr=nr, arg0=AF_UNIX, arg1=sock_stream) == ALLOW
+            assert run_bpf(program, arch=arch, nr=nr, arg0=AF_VSOCK, arg1=1) == NO_FAMILY
 
 
 @pytest.mark.parametrize("machine", sorted(agent.AUDIT_ARCH))
@@ -139,17 +164,23 @@ def test_every_listed_call_is_judged_by_its_own_rule(machine: str, data: st.Data
         *(number for number, _ in agent.OWN_PROCESS_SYSCALLS[machine]),
     ]
     nr = data.draw(st.sampled_from(listed))
-    arg0 = data.draw(st.sampled_from([0, 1, 2, 16, 40, 0x10000000, 0x01200011]) | st.integers(0))
-    arg1 = data.draw(st.sampled_from([0, 1, 1 << 32]) | st.integers(0, (1 << 64) - 1))
+    arg0 = data.draw(
+        st.sampled_from([0, 1, 2, 10, 16, 40, 0x10000000, 0x01200011]) | st.integers(0)
+    )
+    arg1 = data.draw(
+        st.sampled_from([0, 1, 2, 3, 0x80801, 1 << 32]) | st.integers(0, (1 << 64) - 1)
+    )
     arg0 &= (1 << 64) - 1
-    program = agent.syscall_filter(machine)
+    tcp = data.draw(st.booleans())
+    program = agent.syscall_filter(machine, tcp=tcp)
     got = run_bpf(program, arch=agent.AUDIT_ARCH[machine], nr=nr, arg0=arg0, arg1=arg1)
-    assert got == expected(machine, nr, arg0, arg1)
+    assert got == expected(machine, nr, arg0, arg1, tcp=tcp)
 
 
 def test_the_program_fits_seccomp_limits() -> None:
-    program = agent.syscall_filter("x86_64")
-    assert len(program) % 8 == 0 and len(program) // 8 < 4096
+    for tcp in (True, False):
+        program = agent.syscall_filter("x86_64", tcp=tcp)
+        assert len(program) % 8 == 0 and len(program) // 8 < 4096
 
 
 def test_identities_must_be_non_root() -> None:

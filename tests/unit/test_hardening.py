@@ -134,8 +134,21 @@ def test_a_light_zygote_only_beside_preloaded_modules_in_a_many_call_container()
 
 def test_only_a_one_call_container_skips_the_huge_page_collapse() -> None:
     fresh = spec(policy="fresh", preload=("numpy",)).create["command"]
-    assert fresh[-2:] == ["--huge-pages", "no"] and "--preload" in fresh
+    assert fresh[fresh.index("--huge-pages") + 1] == "no" and "--preload" in fresh
     assert "--huge-pages" not in spec(policy="reuse").create["command"]
+
+
+def test_tcp_is_refused_under_runc_unless_asked_for_and_allowed_under_gvisor() -> None:
+    """A TCP connect under runc moves a table every container on the host shares."""
+
+    def refused(**overrides: object) -> bool:
+        command = spec(**overrides).create["command"]
+        return "--tcp" in command and command[command.index("--tcp") + 1] == "no"
+
+    assert refused()
+    assert not refused(loopback_tcp=True)
+    assert not refused(runtime="runsc")
+    assert refused(runtime="runsc", loopback_tcp=False)
 
 
 FORBIDDEN_HOST_CONFIG = {

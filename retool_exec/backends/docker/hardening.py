@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from retool_exec.backends.config import DockerConfig
+from retool_exec.backends.config import DockerConfig, is_gvisor
 from retool_exec.backends.docker.agent import wire
 from retool_exec.backends.docker.bootstrap import bootstrap_command
 
@@ -102,6 +102,7 @@ def agent_arguments(
     *,
     many_calls: bool = True,
     light_zygote: bool = False,
+    tcp: bool = True,
 ) -> list[str]:
     """The agent's command line: who it becomes, who the calls become, what it imports.
 
@@ -109,6 +110,7 @@ def agent_arguments(
     its zygote then skips the huge-page collapse, which costs ~15-30 ms of CPU
     at start and saves ~1 ms per fork. ``light_zygote``: a second zygote for
     the calls that need nothing preloaded (``DockerConfig.light_zygote``).
+    ``tcp``: ``DockerConfig.loopback_tcp``.
     """
     arguments = [
         "--agent-user", AGENT_USER,
@@ -121,12 +123,9 @@ def agent_arguments(
         arguments += ["--huge-pages", "no"]
     if light_zygote and many_calls and preload_modules:
         arguments += ["--light-zygote", "yes"]
+    if not tcp:
+        arguments += ["--tcp", "no"]
     return arguments
-
-
-def is_gvisor(runtime: str | None) -> bool:
-    """Whether ``runtime`` names gVisor (``runsc``, ``runsc-ptrace``, ...)."""
-    return bool(runtime) and str(runtime).startswith("runsc")
 
 
 @dataclass(frozen=True)
@@ -213,6 +212,7 @@ def container_spec(
             config.preload_modules,
             many_calls=config.policy != "fresh",
             light_zygote=config.light_zygote,
+            tcp=config.tcp_allowed,
         ),
         "user": CONTAINER_USER,
         "hostname": SANDBOX_HOSTNAME,

@@ -197,6 +197,43 @@ def _no_neighbour_gap(obs: Observation) -> bool:
     return all(abs(gap - _NEIGHBOUR_GAP) > 0.08 for gap in gaps)
 
 
+_PORT_TABLE_TOOLS = """
+    import socket, struct
+    PORT = 47011  # the table's slot is keyed by (127.0.0.1, 127.0.0.1, PORT) on any host
+
+    def listener():
+        server = socket.socket()
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", PORT))
+        server.listen(64)
+        return server
+
+    def connect_once(server):
+        client = socket.create_connection(("127.0.0.1", PORT), timeout=2)
+        port = client.getsockname()[1]
+        peer, _ = server.accept()
+        for end in (client, peer):  # a reset, not TIME_WAIT: the port is free again
+            end.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            end.close()
+        return port
+"""
+_PORT_TABLE_CONNECTS = 400
+"""Connects the attack makes: each moves the shared slot by 2-16 (9 on average)."""
+
+
+def _port_table_unread(obs: Observation) -> bool:
+    """The neighbour, in another container, could not read the attack's connects."""
+    if obs.neighbour is None or not obs.neighbour.ok:
+        return False
+    facts = obs.neighbour_facts()
+    if "refused" in facts:
+        return True  # no TCP socket at all: the table is out of reach
+    steps, moved = facts["steps"], facts["moved"]
+    if any(step > 64 for step in steps):
+        return True  # ports do not follow a table here (gVisor picks them at random)
+    return moved < _PORT_TABLE_CONNECTS  # its own connect moves it by 2-16; the attack's, ~3600
+
+
 _MARKED_ADDRESS = "127.83.69.67"
 """The address the attack adds (127.S.E.C); the follow-up looks for it."""
 
@@ -607,6 +644,59 @@ CASES: tuple[Case, ...] = (
         note="The agent makes the loopback's entries before its baseline, and the reset "
         "compares the cache, times included, with it; a call that stamps them retires its "
         "container. gVisor lists no neighbours.",
+    ),
+    Case(
+        id="iso-tcp-port-table",
+        klass=CaseClass.ISOLATION,
+        title="TCP connects in one container do not move the source ports another one gets",
+        code=code(
+            _PORT_TABLE_TOOLS
+            + f"""
+    time.sleep(1.0)  # the neighbour reads at 0.5 s, and again at 2 s
+    try:
+        server = listener()
+    except PermissionError as exc:
+        report(refused=why(exc))
+    else:
+        for _ in range({_PORT_TABLE_CONNECTS}):
+            connect_once(server)
+        server.close()
+        report(connects={_PORT_TABLE_CONNECTS})
+"""
+        ),
+        neighbour=code(
+            _PORT_TABLE_TOOLS
+            + """
+    def source_port():
+        server = listener()
+        try:
+            return connect_once(server)
+        finally:
+            server.close()
+
+    try:
+        first, second, third = source_port(), source_port(), source_port()
+    except PermissionError as exc:
+        report(refused=why(exc))
+    else:
+        time.sleep(1.5)
+        low, high = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+        span = high - low + 1
+
+        def step(a, b):
+            return min((b - a) % span, (a - b) % span)
+
+        report(steps=[step(first, second), step(second, third)], moved=step(third, source_port()))
+"""
+        ),
+        contained=_port_table_unread,
+        severity=Severity.MEDIUM,
+        reference="retool_exec red-team round of 2026-12-04 (ninth): under runc a TCP "
+        "connect's source port comes from a table the host kernel shares between network "
+        "namespaces (inet_hash_connect); bytes moved exactly between fresh containers",
+        note="Calls get no TCP socket under runc unless DockerConfig(loopback_tcp=True) "
+        "(EACCES); gVisor keeps its own table.",
+        timeout=6.0,
     ),
     Case(
         id="iso-agent-priorities",
