@@ -108,13 +108,15 @@ CONTAINER_TOOLS = code('''
 
 
     def held():
-        """What a call can leave held: listening TCP and unix sockets of this network
-        namespace, shared memory (memfds, tmpfs) and the free space of /tmp, in MB."""
-        tcp = 0
-        for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        """What a call can leave held: listening TCP sockets (and bound UDP ones, where
+        there is no TCP) and unix sockets of this network namespace, shared memory
+        (memfds, tmpfs) and the free space of /tmp, in MB."""
+        inet = 0
+        for path in ("/proc/net/tcp", "/proc/net/tcp6", "/proc/net/udp", "/proc/net/udp6"):
             try:
                 with open(path) as handle:
-                    tcp += sum(1 for line in handle.readlines()[1:] if line.split()[3] == "0A")
+                    inet += sum(1 for line in handle.readlines()[1:]
+                               if "udp" in path or line.split()[3] == "0A")
             except OSError:
                 pass
         with open("/proc/net/unix") as handle:
@@ -132,7 +134,7 @@ CONTAINER_TOOLS = code('''
             except (OSError, ValueError, IndexError):
                 continue
         tmp = os.statvfs("/tmp")
-        return {"tcp": tcp, "unix": unix, "shmem_mb": None if shmem is None else shmem // MB,
+        return {"inet": inet, "unix": unix, "shmem_mb": None if shmem is None else shmem // MB,
                 "tmp_free_mb": tmp.f_bavail * tmp.f_frsize // MB}
 ''')
 
@@ -445,9 +447,13 @@ _IN_FLIGHT = CONTAINER_TOOLS + code("""
     # A cycle: b_recv waits in a_recv's queue and a_recv in b_recv's. Once this call's
     # descriptors close, only the cycle holds the two sockets and all that rides with them,
     # until the kernel's collector of in-flight cycles gets to it.
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen()
+    try:
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+    except PermissionError:  # no TCP here (runc, by default): a bound UDP socket rides instead
+        listener = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        listener.bind(("127.0.0.1", 0))
     a_send, a_recv = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
     b_send, b_recv = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
 
@@ -507,7 +513,7 @@ def _back_to_baseline(obs: Observation) -> bool:
     attack = obs.facts()
     before, during = attack["baseline"], attack["during"]
     held = attack["memfd_mb"] * 100 >= attack["limit_mb"] * 45
-    if not held or during["tcp"] <= before["tcp"]:
+    if not held or during["inet"] <= before["inet"]:
         raise ValueError(f"the attack could not put enough in flight to judge: {attack}")
     if obs.follow is None or not obs.follow.ok:
         return False  # e.g. killed for memory the attack still held
@@ -517,7 +523,7 @@ def _back_to_baseline(obs: Observation) -> bool:
     )
     return bool(
         shmem_back
-        and after["tcp"] <= before["tcp"]
+        and after["inet"] <= before["inet"]
         and after["unix"] <= before["unix"]
         and after["tmp_free_mb"] >= before["tmp_free_mb"]
         and after["allocated_mb"] > 0
