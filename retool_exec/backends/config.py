@@ -134,7 +134,8 @@ class DockerConfig(BackendConfigBase):
     Why not under runc: a TCP connect's source port comes from a table the host kernel
     shares between all containers, which calls in different containers, at any time
     apart, used as a channel (docs/security.md, finding 30); gVisor keeps its own. UDP,
-    unix sockets and resolving ``localhost`` work everywhere."""
+    unix sockets and resolving ``localhost`` work everywhere. In ``reuse``, a call that
+    made TCP connections retires its container (they leave kernel state behind)."""
     tmpfs_mb: int = Field(default=64, ge=1, le=1 << 16)
     """Size of the writable ``/tmp`` (a RAM-backed tmpfs, counted in the memory limit)."""
     tmpfs_inodes: int = Field(default=8192, ge=16)
