@@ -231,7 +231,8 @@ def _port_table_unread(obs: Observation) -> bool:
     steps, moved = facts["steps"], facts["moved"]
     if any(step > 64 for step in steps):
         return True  # ports do not follow a table here (gVisor picks them at random)
-    return moved < _PORT_TABLE_CONNECTS  # its own connect moves it by 2-16; the attack's, ~3600
+    # its own connect moves the slot by 2-16; the attack's, ~3600
+    return bool(moved < _PORT_TABLE_CONNECTS)
 
 
 _MARKED_ADDRESS = "127.83.69.67"

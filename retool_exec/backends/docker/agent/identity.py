@@ -15,6 +15,7 @@ import ctypes
 import os
 import signal
 import struct
+from typing import TYPE_CHECKING
 
 from . import wire
 
@@ -292,8 +293,9 @@ SECCOMP_DATA_ARG0 = 16
 next argument is 8 bytes further."""
 _BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_JSET_K, _BPF_RET_K = 0x20, 0x15, 0x45, 0x06
 _BPF_AND_K = 0x54
-_Instruction = tuple[str, int, int | str, int | str, int]
-"""(label, code, jump-if-true, jump-if-false, k): a jump names a later label, or 0."""
+if TYPE_CHECKING:  # (``int | str`` is not an expression the agent's Python 3.9 can run)
+    _Instruction = tuple[str, int, int | str, int | str, int]
+    """(label, code, jump-if-true, jump-if-false, k): a jump names a later label, or 0."""
 
 
 class _SockFprog(ctypes.Structure):
