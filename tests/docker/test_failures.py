@@ -16,6 +16,7 @@ from retool_exec import (
     BackendUnavailableError,
     DockerConfig,
     DockerUnavailableError,
+    ExecResult,
     ImageError,
     Outcome,
     Sandbox,
@@ -375,6 +376,13 @@ def test_a_large_result_made_to_come_late_keeps_the_calls_own_timeout(runtime: s
     assert (after.outcome, after.stdout) == (Outcome.SUCCESS, "next\n")
 
 
+def run_alone(code: str, runtime: str, **config: object) -> ExecResult:
+    """``code`` in a one-container reuse pool of its own, on ``runtime``."""
+    settings = DockerConfig(policy="reuse", pool_size=1, runtime=runtime, labels=LABELS, **config)
+    with Sandbox(settings, max_workers=1) as sandbox:
+        return sandbox.run_code(code, timeout=20)
+
+
 @pytest.mark.parametrize("runtime", ["runc", "runsc"])
 def test_a_call_past_its_cpu_time_is_cpu_limit_not_a_bare_kill(runtime: str) -> None:
     """With the soft CPU limit equal to the hard one, Linux and gVisor sent SIGKILL first:
@@ -388,11 +396,7 @@ def test_a_call_past_its_cpu_time_is_cpu_limit_not_a_bare_kill(runtime: str) -> 
         "assert (soft, hard) == (1, 2), (soft, hard)\n"
         "while True: pass\n"
     )
-    config = DockerConfig(
-        policy="reuse", pool_size=1, runtime=runtime, cpu_seconds=1, labels=LABELS
-    )
-    with Sandbox(config, max_workers=1) as sandbox:
-        result = sandbox.run_code(code, timeout=20)
+    result = run_alone(code, runtime, cpu_seconds=1)
     assert (result.outcome, result.returncode) == (Outcome.CPU_LIMIT, -24), result
 
 
@@ -408,10 +412,7 @@ def test_a_limit_the_call_set_itself_or_a_sigxcpu_it_sent_is_a_signal(runtime: s
         "while True: pass\n"
     )
     sent = "import os, signal\nos.kill(os.getpid(), signal.SIGXCPU)\n"
-    config = DockerConfig(policy="reuse", pool_size=1, runtime=runtime, labels=LABELS)
-    with Sandbox(config, max_workers=1) as sandbox:
-        results = [sandbox.run_code(code, timeout=20) for code in (lowered, sent)]
-    for result in results:
+    for result in (run_alone(lowered, runtime), run_alone(sent, runtime)):
         assert (result.outcome, result.returncode) == (Outcome.SIGNAL, -24), result
 
 
@@ -431,11 +432,7 @@ def test_cpu_its_children_used_does_not_make_a_sigxcpu_the_limit_s(runtime: str)
         "    os.wait()\n"
         "os.kill(os.getpid(), signal.SIGXCPU)\n"
     )
-    config = DockerConfig(
-        policy="reuse", pool_size=1, runtime=runtime, cpu_seconds=1, labels=LABELS
-    )
-    with Sandbox(config, max_workers=1) as sandbox:
-        result = sandbox.run_code(code, timeout=20)
+    result = run_alone(code, runtime, cpu_seconds=1)
     assert (result.outcome, result.returncode) == (Outcome.SIGNAL, -24), result
 
 

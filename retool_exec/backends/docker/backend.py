@@ -380,12 +380,7 @@ class DockerBackend(Backend):
         timed_out = bool(reply.get("timed_out"))
         raw_code = reply.get("returncode")
         returncode = None if timed_out or raw_code is None else int(raw_code)
-        outcome = classify_exit(
-            returncode,
-            timed_out=timed_out,
-            oom=bool(reply.get("oom")),
-            cpu_limit=bool(reply.get("cpu_limit")),
-        )
+        outcome = agent_outcome(reply, returncode, timed_out)
         try:
             files = {
                 str(path): wire.b64decode(data) for path, data in (reply.get("files") or {}).items()
@@ -449,12 +444,7 @@ class DockerBackend(Backend):
         timed_out = bool(ended.get("timed_out"))
         raw_code = ended.get("returncode")
         returncode = None if timed_out or not isinstance(raw_code, int) else raw_code
-        outcome = classify_exit(
-            returncode,
-            timed_out=timed_out,
-            oom=bool(ended.get("oom")),
-            cpu_limit=bool(ended.get("cpu_limit")),
-        )
+        outcome = agent_outcome(ended, returncode, timed_out)
         detail = (
             "the call's output was lost: its result (large output, fetched files or cells) "
             f"did not arrive within {RESULT_AFTER_LIMIT:g} s of its time limit"
@@ -505,6 +495,17 @@ class DockerBackend(Backend):
             started=pool.started_containers,
             pool_id=pool.factory.pool_id,
         )
+
+
+def agent_outcome(frame: dict[str, Any], returncode: int | None, timed_out: bool) -> Outcome:
+    """The outcome of an agent's result or ``ended`` frame: how the process ended, with the
+    agent's own verdicts on the memory and CPU limits (which a signal alone cannot give)."""
+    return classify_exit(
+        returncode,
+        timed_out=timed_out,
+        oom=bool(frame.get("oom")),
+        cpu_limit=bool(frame.get("cpu_limit")),
+    )
 
 
 def streams(frame: dict[str, Any], limit: int) -> tuple[str, int, str, int]:

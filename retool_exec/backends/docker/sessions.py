@@ -23,11 +23,11 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from retool_exec._errors import SessionError, SessionLostError
-from retool_exec._models import ExecResult, Outcome, classify_exit
+from retool_exec._models import ExecResult, Outcome
 from retool_exec._output import read_cap_bytes
 from retool_exec.backends.base import SessionHandle
 from retool_exec.backends.docker import frame_limit
-from retool_exec.backends.docker.backend import streams
+from retool_exec.backends.docker.backend import agent_outcome, streams
 from retool_exec.backends.docker.containers import SandboxContainer
 from retool_exec.backends.docker.protocol import ProtocolError
 
@@ -221,9 +221,7 @@ class DockerSession(SessionHandle):
             self._lost = str(lost)
             if returncode is None and not timed_out and not oom:
                 returncode = -9  # ended by a signal the agent could not attribute
-        outcome = classify_exit(
-            returncode, timed_out=timed_out, oom=oom, cpu_limit=bool(reply.get("cpu_limit"))
-        )
+        outcome = agent_outcome(reply, returncode, timed_out)
         # A session cell's streams are the frame's own; the cell record adds how it ended.
         own = {key: reply.get(key) for key in STREAM_KEYS}
         cells = [backend._cell({**cell, **own}) for cell in reply.get("cells") or []]
