@@ -57,7 +57,7 @@ def expected(machine: str, nr: int, arg0: int, arg1: int, *, tcp: bool = True) -
     if nr in agent.NAMESPACE_SYSCALLS[machine]:
         return REFUSE
     if nr == clone:
-        return REFUSE if arg0 & agent.CLONE_NEW_NAMESPACES else ALLOW
+        return REFUSE if arg0 & agent.CLONE_REFUSED else ALLOW
     if nr in agent.SOCKET_SYSCALLS[machine]:
         family, kind = arg0 & 0xFFFFFFFF, arg1 & 0xF
         if not tcp and family in agent.INET_FAMILIES and kind not in agent.DATAGRAM_TYPES:
@@ -122,6 +122,9 @@ def test_no_namespace_and_no_other_process_s_priority_or_cpus(machine: str) -> N
         assert run_bpf(program, arch=arch, nr=clone, arg0=flags) == ALLOW
     for namespace in (0x20000, 0x2000000, 0x4000000, 0x8000000, 0x10000000, 0x40000000):
         assert run_bpf(program, arch=arch, nr=clone, arg0=fork | namespace) == REFUSE
+    clone_parent = 0x8000  # a child of the zygote, outside the call's tree
+    assert run_bpf(program, arch=arch, nr=clone, arg0=fork | clone_parent) == REFUSE
+    assert run_bpf(program, arch=arch, nr=clone, arg0=0x4111 | clone_parent) == REFUSE
     for number, argument in agent.OWN_PROCESS_SYSCALLS[machine]:
         own = {"arg0": 0, "arg1": 0}
         assert run_bpf(program, arch=arch, nr=number, **own) == ALLOW

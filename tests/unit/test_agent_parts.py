@@ -250,3 +250,67 @@ def test_a_failed_dump_drops_the_socket_and_the_next_opens_another(
     assert broken.fileno() == -1  # closed, not leaked
     monkeypatch.undo()
     assert reset.network_setup() is not None and reset._Netlink.sock is not None
+
+
+def test_an_exit_report_read_before_a_fork_of_that_pid_is_not_the_new_child_s() -> None:
+    """A report left unclaimed (here, or planted through a process the call made a child
+    of the zygote) is never taken by a later child that drew the same pid."""
+    import socket
+
+    from retool_exec.backends.docker.agent import supervisor, zygote
+
+    class Server:
+        control: socket.socket
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with ours, theirs:
+        theirs.send(b"X" + zygote.PID_STATUS.pack(4242, 0, 0))
+        theirs.send(b"X" + zygote.PID_STATUS.pack(4243, 24, 3_000_000))
+        theirs.send(b"P" + zygote.PID_STATUS.pack(4242, 0, 0))
+        server = Server()
+        server.control = ours
+        assert supervisor.wait_for_fork(server) == 4242  # type: ignore[arg-type]
+    assert 4242 not in supervisor.exits and 4243 in supervisor.exits
+    supervisor.forget_unclaimed_exits()  # what the reset does once no call is left
+    assert supervisor.exits == {} and supervisor.xcpu_seconds == {}
+
+
+def test_the_zygote_reports_the_ends_of_its_own_forks_only() -> None:
+    """In a fresh interpreter (the check reaps any child): a child the zygote did not fork
+    is reaped, not reported; one it did is reported once."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import os, socket
+        from retool_exec.backends.docker.agent import zygote
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        foreign = os.fork()
+        if foreign == 0:
+            os._exit(0)
+        own = os.fork()
+        if own == 0:
+            os._exit(3)
+        zygote.Setup.forked.add(own)
+        os.waitid(os.P_PID, foreign, os.WEXITED | os.WNOWAIT)
+        os.waitid(os.P_PID, own, os.WEXITED | os.WNOWAIT)
+        zygote._report_exits(theirs)
+        reports = []
+        ours.setblocking(False)
+        try:
+            while True:
+                reports.append(zygote.PID_STATUS.unpack(ours.recv(64)[1:])[:2])
+        except BlockingIOError:
+            pass
+        assert reports == [(own, 3 << 8)], (reports, own, foreign)
+        assert zygote.Setup.forked == set()
+        try:
+            os.waitpid(foreign, os.WNOHANG)
+        except ChildProcessError:
+            print("reaped")
+    """)
+    done = subprocess.run(
+        [sys.executable, "-c", script], check=False, capture_output=True, text=True
+    )
+    assert done.returncode == 0 and done.stdout == "reaped\n", done

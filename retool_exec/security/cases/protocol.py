@@ -535,4 +535,40 @@ CASES: tuple[Case, ...] = (
         note="The outcome names a limit only when the process used it: the agent reads the "
         "CPU time a SIGXCPU death used itself (its zombie's /proc/PID/stat).",
     ),
+    Case(
+        id="proto-child-of-the-agent",
+        klass=CaseClass.PROTOCOL,
+        title="a call cannot make a process whose parent is the agent (clone's CLONE_PARENT)",
+        code=code("""
+            import platform
+            CLONE_PARENT, SIGCHLD = 0x8000, 17
+            number = {"x86_64": 56, "aarch64": 220}[platform.machine()]
+            libc = ctypes.CDLL(None, use_errno=True)
+            read_end, write_end = os.pipe()
+            pid = libc.syscall(number, CLONE_PARENT | SIGCHLD, 0, 0, 0, 0)
+            if pid == 0:  # a copy of this process, like fork: say whose child it is
+                with open("/proc/self/status") as status:
+                    parent = [line for line in status if line.startswith("PPid:")][0]
+                os.write(write_end, parent.split()[1].encode())
+                os._exit(0)
+            failed = ctypes.get_errno() if pid < 0 else 0
+            os.close(write_end)
+            parent = os.read(read_end, 64).decode() if pid > 0 else ""
+            report(cloned=pid > 0, errno=failed, own=os.getpid(), own_parent=os.getppid(),
+                   its_parent=int(parent or 0))
+        """),
+        contained=lambda obs: (
+            not obs.facts()["cloned"] or obs.facts()["its_parent"] != obs.facts()["own_parent"]
+        ),
+        severity=Severity.CRITICAL,
+        reference="retool_exec red-team round of 2026-12-04 (tenth): the zygote reported such "
+        "processes' exit statuses as its children's, and a later call whose child drew one of "
+        "those pids (the pid counter wraps) took a status the planting call chose",
+        local=Expect.NOT_APPLICABLE,
+        local_reason="the new process would be a child of the host process that runs the "
+        "sandbox, left there as a zombie",
+        note="Refused with EPERM by the calls' seccomp filter under runc; gVisor ignores the "
+        "flag (the new process is the call's own child). The zygote also reports the ends of "
+        "its own forks only, and a report is forgotten when its pid is forked again.",
+    ),
 )

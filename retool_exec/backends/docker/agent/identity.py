@@ -264,11 +264,20 @@ the network-admin capability over the container's network namespace: addresses i
 to ``lo`` outlived it, read back by the next call (seventh red-team round); runc's Docker
 profile refused it already. No tool code makes namespaces."""
 CLONE_SYSCALLS = {"x86_64": (56, 435), "aarch64": (220, 435)}
-"""clone, whose flags (its first argument) may not ask for a new namespace, and clone3,
+"""clone, whose flags (its first argument) may not ask for a new namespace or another
+parent (``CLONE_REFUSED``), and clone3,
 refused with ENOSYS since its flags are behind a pointer: glibc falls back to clone."""
 CLONE_NEW_NAMESPACES = 0x7E020000
 """CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET (all the low
 32 bits the kernel reads; CLONE_NEWTIME's bit is clone's exit signal, unshare's only)."""
+CLONE_PARENT = 0x8000
+"""A new process whose parent is the caller's parent: for a call's own process, the
+zygote. Such a process is outside the call's tree, and the zygote reaped it and reported
+its exit status as a child's: a call planted statuses that later calls, once the pid
+counter came round to those pids, took for their own (tenth red-team round). No tool
+code needs it; gVisor ignores the flag."""
+CLONE_REFUSED = CLONE_NEW_NAMESPACES | CLONE_PARENT
+"""The flags of clone that are refused with EPERM."""
 OWN_PROCESS_SYSCALLS = {
     "x86_64": ((141, 1), (251, 1), (142, 0), (144, 0), (203, 0), (314, 0)),
     "aarch64": ((140, 1), (30, 1), (118, 0), (119, 0), (122, 0), (274, 0)),
@@ -342,7 +351,7 @@ def syscall_filter(machine: str, *, tcp: bool = True) -> bytes:
         ("", _BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | EAFNOSUPPORT),
         *inet,
         ("clone", _BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_ARG0),
-        ("", _BPF_JSET_K, "refuse", "allow", CLONE_NEW_NAMESPACES),
+        ("", _BPF_JSET_K, "refuse", "allow", CLONE_REFUSED),
         ("self0", _BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_ARG0),
         ("", _BPF_JEQ_K, "allow", "refuse", 0),
         ("self1", _BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_ARG0 + 8),

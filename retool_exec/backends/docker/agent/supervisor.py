@@ -280,6 +280,26 @@ def record_exit(pid: int, status: int, cpu_seconds: float) -> None:
         xcpu_seconds[pid] = cpu_seconds
 
 
+def forget_exit(pid: int) -> None:
+    """Drop what is recorded of an earlier process with ``pid``: a new one has it now.
+
+    Why: a report is claimed by the pid a call's child has. One left unclaimed (a
+    killed child's, reported after its call) would be taken, once the pid counter came
+    round, by whichever later child drew that pid: its status, not the child's own
+    (tenth red-team round, where a call planted them). The zygote sends a child's
+    report before it can fork another with that pid, on the same socket, so every
+    earlier report is read by the time the new pid is.
+    """
+    exits.pop(pid, None)
+    xcpu_seconds.pop(pid, None)
+
+
+def forget_unclaimed_exits() -> None:
+    """At a reset, once no call process is left: no report may carry into the next call."""
+    exits.clear()
+    xcpu_seconds.clear()
+
+
 def reached_cpu_limit(pid: int, returncode: int | None, limit: float) -> bool:
     """Whether process ``pid`` ended at its CPU-time limit, not just by SIGXCPU.
 
@@ -300,7 +320,9 @@ def wait_for_fork(server: ForkServer) -> int:
             raise OSError("the zygote is gone")
         kind, body = message[:1], message[1:]
         if kind == b"P":
-            return int(zygote.PID_STATUS.unpack(body)[0])
+            pid = int(zygote.PID_STATUS.unpack(body)[0])
+            forget_exit(pid)  # a report for this pid read so far was an earlier process's
+            return pid
         if kind == b"E":
             raise OSError(f"the zygote could not fork: {body.decode(errors='replace')}")
         if kind == b"X":
@@ -990,6 +1012,7 @@ def reset_container() -> tuple[bool, str]:
         left = end_all_calls()
         if left:
             problems.append(f"processes left: {left[:5]}")
+        forget_unclaimed_exits()
         with identity.acting_as(State.sandbox, State.agent):
             problems.extend(reset.clean(time.monotonic() + reset.CLEAN_BUDGET, State.kept_inodes))
         for directory in (*wire.SCRATCH_DIRS, wire.MQUEUE_DIR):

@@ -80,6 +80,13 @@ class Setup:
     """Under gVisor: each spare child runs ``warm_up`` before it waits for its request."""
     generators: list[Any] = []  # noqa: RUF012 - found once, before the first fork
     """Every random generator the zygote holds (``generators.find``), reseeded before each fork."""
+    forked: set[int] = set()  # noqa: RUF012 - the zygote's own bookkeeping
+    """The pids this zygote forked (``_fork_one``) whose end it has not reported yet.
+
+    Why: only those ends are reported. Any other child (one a call made with
+    ``CLONE_PARENT``, which the filter now refuses) is reaped and not reported: the
+    supervisor took such a report for the status of whichever later call's child drew
+    that pid, a status the planting call chose (tenth red-team round)."""
     agent_path: str | None = None
     """``sys.path[0]`` as the agent started (its own archive): a call gets the working
     directory there instead, as ``python3 -c`` has it (``_fresh_main``)."""
@@ -260,7 +267,9 @@ def _report_exits(control: socket.socket) -> None:
         if ended is None:
             return
         pid, status, cpu = ended
-        control.send(b"X" + PID_STATUS.pack(pid, status, int(cpu * 1e6)))
+        if pid in Setup.forked:
+            Setup.forked.discard(pid)
+            control.send(b"X" + PID_STATUS.pack(pid, status, int(cpu * 1e6)))
 
 
 def reap(pid: int) -> tuple[int, int, float] | None:
@@ -322,6 +331,7 @@ def _fork_one(control: socket.socket, wake_r: int, wake_w: int) -> None:
         os.close(wake_r)
         os.close(wake_w)
         child_main(*fds)
+    Setup.forked.add(pid)
     for fd in fds:
         os.close(fd)
     control.send(b"P" + PID_STATUS.pack(pid, 0, 0))
