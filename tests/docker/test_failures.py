@@ -486,3 +486,30 @@ def test_a_daemon_that_never_answers_is_an_error_within_seconds(tmp_path: Any) -
         sandbox.close()
     finally:
         listener.close()
+
+
+def test_a_zombie_the_supervisor_adopted_does_not_hold_a_call_for_a_second(
+    reuse_one: Sandbox,
+) -> None:
+    """The call's stdout held in flight (an SCM_RIGHTS cycle: no end-of-file until the
+    kernel's collector runs) and a child left behind, killed after the call into a zombie
+    the supervisor adopted: the output settle waited for that zombie to go and spent its
+    whole second (tenth red-team round), now it reaps it and returns at once."""
+    code = (
+        "import array, os, socket, time\n"
+        "if os.fork() == 0:\n"
+        "    time.sleep(60)\n"
+        "    os._exit(0)\n"
+        "a, b = socket.socketpair()\n"
+        "a.sendmsg([b'x'], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,"
+        " array.array('i', [1, a.fileno(), b.fileno()]))])\n"
+        "b.sendmsg([b'x'], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,"
+        " array.array('i', [a.fileno()]))])\n"
+        "print('ended', flush=True)\n"
+        "os._exit(0)\n"
+    )
+    reuse_one.run_code("print('warm')")
+    result = reuse_one.run_code(code)
+    assert (result.outcome, result.stdout) == (Outcome.SUCCESS, "ended\n"), result
+    # The settle's whole second, before; a poll of 50 ms or two now.
+    assert result.latency - result.queue_wait < 0.8, result
