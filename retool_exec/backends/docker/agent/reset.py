@@ -465,9 +465,10 @@ class _Netlink:
     under load, and each such reset slept in ``back_to_baseline`` (measured: 24 ms
     per container cycle of 26 at 16 callers, the throughput ceiling of issue 16).
     Kept open, the socket is part of the baseline (its descriptor and its count).
-    Only the kernel can write to it (rtnetlink refuses unicast between user sockets
-    without CAP_NET_ADMIN), and a reply is taken only from the kernel (port 0) with
-    this dump's sequence number, so a dump left half-read cannot answer the next.
+    Only the kernel can write to it (a call's netlink unicast to another port is
+    refused: EPERM under runc, EACCES under gVisor; tenth red-team round), and a
+    reply is taken only from the kernel (port 0) with this dump's sequence number,
+    so a dump left half-read cannot answer the next.
     """
 
     sock: socket.socket | None = None

@@ -794,8 +794,10 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
                 pump(fd, tails, open_pipes, poller)
             elif fd in controls:
                 take_exit_messages()
+        if woken:
+            continue
         reap_orphans()  # a zombie the supervisor adopted is not a writer
-        if not woken and not call_processes():
+        if not call_processes():
             # No writer is left, yet a pipe is open: its end is held in flight (a unix
             # socket cycle the call made, which only the kernel's collector ends). Nothing
             # more can come: waiting for end-of-file would only spend the call's time.
