@@ -29,6 +29,7 @@ __all__ = [
     "CaseReport",
     "Expect",
     "HostFacts",
+    "Inconclusive",
     "LocalExpectation",
     "Observation",
     "Predicate",
@@ -73,6 +74,13 @@ class Status(enum.StrEnum):
     """The audit could not judge (the predicate could not read the output)."""
     SKIPPED = "skipped"
     """Not run on this backend (it would harm the host, or does not apply)."""
+
+
+class Inconclusive(ValueError):
+    """A predicate cannot judge this run because the attack's timing missed (its neighbour
+    ran only after the hold it had to meet, on a loaded host): the runner runs the case
+    again, a few times, before it reports an error. Never raised for an attack that got
+    through, so a retry cannot turn an exposure into a pass."""
 
 
 class Expect(enum.StrEnum):

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -45,6 +46,7 @@ from retool_exec.security.model import (
     Case,
     CaseContext,
     CaseReport,
+    Inconclusive,
     Observation,
     Status,
     StepAction,
@@ -57,6 +59,7 @@ __all__ = [
     "BACKEND_IDS",
     "DEFAULT_TIMEOUT",
     "GRACE",
+    "INCONCLUSIVE_RUNS",
     "ISOLATING",
     "SESSION_GRACE",
     "AuditRun",
@@ -78,6 +81,9 @@ SESSION_GRACE = 2.0
 """Seconds past its limit a session cell may take: a cell that ignores KeyboardInterrupt
 is killed one second after it (the backends' interrupt grace), and its session lost."""
 NEXT_CALL_TIMEOUT = 10.0
+INCONCLUSIVE_RUNS = 3
+"""Runs of a case at most while its predicate finds them :class:`Inconclusive` (the
+attack's timing missed on a loaded host); an invariant that broke is never rerun."""
 BACKEND_IDS = ("local", "docker-fresh", "docker-reuse", "docker-runsc")
 ISOLATING = frozenset({"docker-fresh", "docker-reuse", "docker-runsc"})
 """Backends meant to contain every case: an exposure there fails the audit."""
@@ -201,13 +207,52 @@ async def run_case(
     """Run one case on one backend and judge it (see the module docstring).
 
     A ``neighbour`` call runs on ``neighbours`` if given, else on ``sandbox``
-    (see :func:`neighbour_sandbox`)."""
+    (see :func:`neighbour_sandbox`). A run its predicate finds :class:`Inconclusive`
+    is run again, :data:`INCONCLUSIVE_RUNS` times at most; the last one is reported."""
     started = time.perf_counter()
+    runs = 0
+    while True:
+        runs += 1
+        outcome, inconclusive = await _run_once(
+            sandbox,
+            case,
+            host,
+            backend=backend,
+            gvisor=gvisor,
+            timeout=timeout,
+            neighbours=neighbours,
+            started=started,
+        )
+        if not inconclusive or runs == INCONCLUSIVE_RUNS:
+            break
+    if inconclusive:
+        reasons = (*outcome.reasons, f"inconclusive in each of {runs} runs")
+        outcome = dataclasses.replace(outcome, reasons=reasons)
+    return outcome
+
+
+async def _run_once(
+    sandbox: Sandbox,
+    case: Case,
+    host: HostFixtures,
+    *,
+    backend: str,
+    gvisor: bool,
+    timeout: float,
+    neighbours: Sandbox | None,
+    started: float,
+) -> tuple[CaseReport, bool]:
+    """One run of :func:`run_case`: its report, and whether the predicate found it
+    :class:`Inconclusive`."""
 
     def report(
-        status: Status, reasons: Iterable[str], evidence: str = "", outcome: str = ""
-    ) -> CaseReport:
-        return CaseReport(
+        status: Status,
+        reasons: Iterable[str],
+        evidence: str = "",
+        outcome: str = "",
+        inconclusive: bool = False,
+    ) -> tuple[CaseReport, bool]:
+        judged = CaseReport(
             case_id=case.id,
             klass=case.klass,
             severity=case.severity,
@@ -218,6 +263,7 @@ async def run_case(
             outcome=outcome,
             seconds=time.perf_counter() - started,
         )
+        return judged, inconclusive
 
     if backend == "local" and (skip := case.local_skip_reason()):
         return report(Status.SKIPPED, [skip])
@@ -304,6 +350,7 @@ async def run_case(
             [f"could not judge the outcome: {type(exc).__name__}: {exc}", *reasons],
             evidence,
             result.outcome.value,
+            inconclusive=isinstance(exc, Inconclusive) and not reasons,
         )
     if not contained:
         reasons.insert(0, "the attack got through")

@@ -137,6 +137,44 @@ def test_every_step_runs_and_every_open_session_is_closed() -> None:
     assert all(s.closed for s in backend.sessions)  # all closed by the runner
 
 
+def _stops_late(late_runs: int) -> tuple[FakeBackend, list[str]]:
+    """proto-session-stops-reading on the fake: the big cell runs to its end (the stop
+    never landed) for the first ``late_runs`` runs, then times out on time."""
+    seen: list[str] = []
+
+    def cell(c: FakeCell) -> ExecResult | str:
+        if "the big cell ran" not in c.code:
+            return '{"stopping": true}\n'
+        seen.append("big")
+        if len(seen) <= late_runs:
+            return "the big cell ran\n"
+        return ExecResult(
+            ok=False,
+            stdout="",
+            stderr="",
+            returncode=None,
+            timed_out=True,
+            latency=3.2,
+            outcome=Outcome.TIMEOUT,
+        )
+
+    return FakeBackend(_next_call, session_handler=cell), seen
+
+
+def test_a_stop_that_never_landed_is_run_again_not_exposed() -> None:
+    backend, seen = _stops_late(late_runs=1)
+    report = _run(backend, "proto-session-stops-reading")
+    assert report.status is Status.CONTAINED, report.describe()
+    assert len(seen) == 2
+
+
+def test_a_stop_that_never_lands_is_an_error_not_a_pass() -> None:
+    backend, _ = _stops_late(late_runs=99)
+    report = _run(backend, "proto-session-stops-reading")
+    assert report.status is Status.ERROR
+    assert any("inconclusive in each of" in reason for reason in report.reasons)
+
+
 # -- what proto-session-forged-cell promises ------------------------------------------------
 
 

@@ -36,6 +36,7 @@ from retool_exec.security.model import (
     Case,
     CaseClass,
     Expect,
+    Inconclusive,
     Observation,
     Severity,
 )
@@ -615,9 +616,11 @@ def _neighbour_unaffected(obs: Observation) -> bool:
     it could (wall-clock times: containers share the host's clock)."""
     start, end = obs.facts()["held"]
     attempts = obs.neighbour_facts()["attempts"]
+    if any(outcome != "ok" for _, outcome in attempts):
+        return False  # refused during the hold or after it: either way the attack reached it
     if not any(start <= at <= end for at, _ in attempts):
-        raise ValueError("the neighbour's attempts did not overlap the attack's hold")
-    return all(outcome == "ok" for _, outcome in attempts)
+        raise Inconclusive("the neighbour's attempts did not overlap the attack's hold")
+    return True
 
 
 def _local_ptys() -> Expect:

@@ -13,7 +13,14 @@ from __future__ import annotations
 import resource
 
 from retool_exec._models import Outcome
-from retool_exec.security.model import Case, CaseClass, Expect, Observation, Severity
+from retool_exec.security.model import (
+    Case,
+    CaseClass,
+    Expect,
+    Inconclusive,
+    Observation,
+    Severity,
+)
 from retool_exec.security.snippets import code, late_enough, on_time, outcome_in
 
 __all__ = ["CASES"]
@@ -81,9 +88,11 @@ def _aio_budget_kept(obs: Observation) -> bool:
         return True
     start, end = obs.facts()["held"]
     attempts = obs.neighbour_facts()["attempts"]
+    if any(outcome == "EAGAIN" for _, outcome in attempts):
+        return False  # refused during the hold or after it: either way the budget leaked
     if not any(start <= at <= end for at, _ in attempts):
-        raise ValueError("the neighbour's attempts did not overlap the attack's hold")
-    return all(outcome != "EAGAIN" for _, outcome in attempts)
+        raise Inconclusive("the neighbour's attempts did not overlap the attack's hold")
+    return True
 
 
 CASES: tuple[Case, ...] = (

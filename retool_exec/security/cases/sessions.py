@@ -17,6 +17,7 @@ from retool_exec.security.model import (
     Case,
     CaseClass,
     Expect,
+    Inconclusive,
     Observation,
     SessionStep,
     Severity,
@@ -76,7 +77,11 @@ _BIG_CELL_TIMEOUT = 3.0
 
 
 def _big_cell_timed_out(obs: Observation) -> bool:
+    """A timeout on time. A cell that ran to its end shows the stop never landed (the
+    process read the whole cell before its stopping thread got a core): inconclusive."""
     cell = obs.cell("attack")
+    if cell.outcome is Outcome.SUCCESS and cell.stdout == "the big cell ran\n":
+        raise Inconclusive("the process read the whole cell before it stopped")
     return cell.outcome is Outcome.TIMEOUT and cell.latency <= _BIG_CELL_TIMEOUT + 1.5
 
 
