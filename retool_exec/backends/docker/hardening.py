@@ -81,12 +81,19 @@ HOST_COUNTER_PATHS = (
     "/proc/sys/fs/inode-state",
     "/proc/sys/fs/dentry-state",
     "/proc/sys/fs/aio-nr",
+    "/proc/vmstat",
+    "/proc/zoneinfo",
+    "/proc/buddyinfo",
+    "/proc/pagetypeinfo",
 )
-"""The host kernel's exact counts of open files, inodes, dentries and AIO requests,
-which under runc every container reads and any call moves by one with an ``open()``:
+"""The host kernel's exact counts that under runc every container reads and a call can
+move by one at will: open files, inodes, dentries and AIO requests (one ``open()``:
 two cooperating calls in different containers moved 10 bits of 10 through the open
-file count (eighth red-team round). Masked (read as empty); gVisor has none of them.
-What stays shared under runc is in docs/security.md ("What is not promised")."""
+file count, eighth red-team round), and the memory manager's event and page counts
+(an ``mlock`` of one page, an OOM kill in the call's own cgroup: 16 bits through
+``unevictable_pgs_mlocked``, which stays until read, eleventh round). Masked (read as
+empty); gVisor has none of them. What stays shared under runc is in docs/security.md
+("What is not promised")."""
 
 NETWORK_SYSCTLS = {"net.ipv4.tcp_no_metrics_save": "1", "net.ipv4.tcp_fastopen": "0"}
 """Caches of the container's network namespace that outlive every process and that the

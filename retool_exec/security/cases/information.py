@@ -219,4 +219,38 @@ CASES: tuple[Case, ...] = (
         note="Masked under runc (read as empty); gVisor has none of these files. Other "
         "host-wide figures stay shared under runc: docs/security.md, what is not promised.",
     ),
+    Case(
+        id="info-host-memory-counters",
+        klass=CaseClass.INFORMATION,
+        title="the host's memory-manager counts are not readable, and no page can be locked "
+        "to move them",
+        code=code("""
+            import mmap
+            PATHS = ("/proc/vmstat", "/proc/zoneinfo", "/proc/buddyinfo", "/proc/pagetypeinfo")
+            readable = []
+            for path in PATHS:
+                try:
+                    with open(path) as handle:
+                        if any(char.isdigit() for char in handle.read(4096)):
+                            readable.append(path)
+                except OSError:
+                    pass
+            page = mmap.mmap(-1, 4096)
+            page[0:1] = b"x"
+            address = ctypes.c_void_p(ctypes.addressof(ctypes.c_char.from_buffer(page)))
+            if libc.mlock(address, ctypes.c_size_t(4096)) == 0:
+                libc.munlock(address, ctypes.c_size_t(4096))
+                lock = "ok"
+            else:
+                lock = last_error()
+            report(readable=readable, lock=lock)
+        """),
+        contained=lambda obs: obs.facts()["readable"] == [] and obs.facts()["lock"] != "ok",
+        severity=Severity.MEDIUM,
+        reference="retool_exec red-team round of 2026-12-04 (eleventh): under runc a call set "
+        "the host's unevictable_pgs_mlocked count to a 16-bit value with mlock and a call in "
+        "another container read it later from /proc/vmstat",
+        note="Masked under runc (read as empty), and calls get RLIMIT_MEMLOCK 0, which also "
+        "keeps them from moving Mlocked in /proc/meminfo; gVisor has none of these files.",
+    ),
 )

@@ -49,7 +49,10 @@ PID_STATUS = struct.Struct("=iiq")
 """pid, wait status and, for a SIGXCPU death, the CPU microseconds the process used."""
 CHILD_NICE = 10
 """Calls run below the supervisor's priority, so it keeps the CPU it needs for deadlines."""
-CHILD_MEMLOCK = 64 * 1024
+CHILD_MEMLOCK = 0
+"""No page a call may lock: each ``mlock`` moves host-wide counts by one (``Mlocked`` in
+``/proc/meminfo``, the unevictable events), which calls in other containers read under
+runc (eleventh red-team round). Nothing a call runs needs locked memory."""
 PYTHON_IGNORES = (signal.SIGPIPE, signal.SIGXFSZ)
 """What a fresh Python process ignores, restored in the child before user code runs."""
 CHILD_DEFAULT_SIGNALS = tuple(int(s) for s in (*identity.IGNORED_SIGNALS, signal.SIGCHLD))
