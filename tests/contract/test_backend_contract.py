@@ -53,6 +53,11 @@ def run_cells(
     return run_request(sandbox, request)
 
 
+ANNOTATIONS = "def f(x: int) -> str: pass\nprint(f.__annotations__)\n"
+"""Code whose output depends on the compiler flags it runs under (PEP 563 strings or not)."""
+ANNOTATIONS_SEEN = "{'x': <class 'int'>, 'return': <class 'str'>}\n"
+
+
 class TestBackendContract:
     def test_print_gives_the_canonical_success(self, sandbox: Sandbox) -> None:
         result = sandbox.run_code("print(2 + 3)")
@@ -60,6 +65,14 @@ class TestBackendContract:
         assert (result.returncode, result.timed_out, result.outcome) == (0, False, Outcome.SUCCESS)
         assert result.latency > 0
         assert sandbox.format_tool_content(result) == "5\n"
+
+    def test_code_runs_with_no_compiler_flags_of_the_runner(self, sandbox: Sandbox) -> None:
+        """The code is compiled as ``python -c`` would: the runner's own ``from __future__``
+        imports do not reach it (the Docker agent's once made every annotation a string)."""
+        assert sandbox.run_code(ANNOTATIONS).stdout == ANNOTATIONS_SEEN
+        cells = run_cells(sandbox, ANNOTATIONS, "f.__annotations__")
+        assert [cell.stdout for cell in cells.cells] == [ANNOTATIONS_SEEN, ""]
+        assert cells.cells[1].display == [{"text/plain": ANNOTATIONS_SEEN.strip()}]
 
     def test_localhost_resolves_and_a_loopback_server_answers(
         self, backend_id: str, sandbox: Sandbox

@@ -189,6 +189,15 @@ class TestSessionContract:
 
     # -- display -------------------------------------------------------------------------
 
+    def test_cells_run_with_no_compiler_flags_of_the_runner(self, sandbox: Sandbox) -> None:
+        """A cell is compiled as plain Python: the agent's own ``from __future__`` imports
+        do not reach it (they once made every annotation a string)."""
+        with sandbox.session() as session:
+            session.run_code("def f(x: int) -> str: pass")
+            assert shown(session.run_code("f.__annotations__")) == (
+                "{'x': <class 'int'>, 'return': <class 'str'>}"
+            )
+
     def test_a_final_expression_is_displayed_not_printed(self, sandbox: Sandbox) -> None:
         with sandbox.session() as session:
             result = session.run_code("x = 6\nx * 7")

@@ -512,7 +512,7 @@ def warm_up() -> None:
         wire.decode_for_call(WARM_UP_REQUEST)
         namespace = types.ModuleType("__warm_up__").__dict__
         try:
-            exec(compile(WARM_UP_SOURCE, "<warm-up>", "exec"), namespace)
+            exec(compile(WARM_UP_SOURCE, "<warm-up>", "exec", dont_inherit=True), namespace)
         except BaseException as exc:
             _print_exception(exc)
         _finish(0, rehearsal=True)
@@ -706,7 +706,7 @@ def run_user_code(source: str, script: str | None = None) -> int:
         namespace["__file__"] = path
     status = 0
     try:
-        code = compile(source, "<sandbox>", "exec")
+        code = compile(source, "<sandbox>", "exec", dont_inherit=True)
         exec(code, namespace)
     except SystemExit as exc:
         status = exit_status(exc)
@@ -949,10 +949,12 @@ def _run_cell(source: str, namespace: dict[str, Any], index: int) -> Any:
     last = tree.body[-1] if tree.body else None
     if isinstance(last, ast.Expr):
         body = ast.Module(body=tree.body[:-1], type_ignores=[])
-        exec(compile(body, f"<cell {index + 1}>", "exec"), namespace)
+        exec(compile(body, f"<cell {index + 1}>", "exec", dont_inherit=True), namespace)
         expression = ast.Expression(body=last.value)
-        return eval(compile(expression, f"<cell {index + 1}>", "eval"), namespace)
-    exec(compile(tree, f"<cell {index + 1}>", "exec"), namespace)
+        return eval(
+            compile(expression, f"<cell {index + 1}>", "eval", dont_inherit=True), namespace
+        )
+    exec(compile(tree, f"<cell {index + 1}>", "exec", dont_inherit=True), namespace)
     return None
 
 
