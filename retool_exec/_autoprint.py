@@ -6,6 +6,11 @@ the AST: only when the last top-level statement is an expression (and not
 already a ``print(...)`` call) is exactly that expression's source wrapped, so
 line numbers in tracebacks stay true. If anything about the rewrite is in
 doubt, the code is returned unchanged: valid code never becomes invalid.
+
+``Sandbox(auto_print=True)`` does not call this: the sandbox does the same where the
+code runs (``agent/auto_print.py``), so the host never parses model-written code,
+whose parse costs time and memory in proportion to its size. This function is for
+code a user rewrites on purpose, and costs the caller that time.
 """
 
 from __future__ import annotations
@@ -13,9 +18,11 @@ from __future__ import annotations
 import ast
 import warnings
 
+from retool_exec.backends.docker.agent.auto_print import WRAPPER, is_print_call
+
 __all__ = ["add_auto_print"]
 
-_WRAP_OPEN = "(lambda __retool_value: __retool_value is None or print(__retool_value))(("
+_WRAP_OPEN = WRAPPER + "(("
 _WRAP_CLOSE = "))"
 
 
@@ -31,7 +38,7 @@ def add_auto_print(code: str) -> str:
     if not tree.body:
         return code
     last = tree.body[-1]
-    if not isinstance(last, ast.Expr) or _is_print_call(last.value):
+    if not isinstance(last, ast.Expr) or is_print_call(last.value):
         return code
     value = last.value
     if value.end_lineno is None or value.end_col_offset is None:
@@ -54,12 +61,6 @@ def add_auto_print(code: str) -> str:
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return code
     return rewritten
-
-
-def _is_print_call(node: ast.expr) -> bool:
-    return (
-        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print"
-    )
 
 
 def _byte_offset(source: bytes, lineno: int, col_offset: int) -> int | None:

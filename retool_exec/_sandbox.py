@@ -28,7 +28,6 @@ from collections.abc import Coroutine, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-from retool_exec._autoprint import add_auto_print
 from retool_exec._errors import (
     ConfigError,
     SandboxClosedError,
@@ -469,11 +468,10 @@ class Sandbox:
             )
             self.stats.record(result)
             return result
-        if self.auto_print if auto_print is None else auto_print:
-            code = add_auto_print(code)
         try:
             return RunRequest(
                 code=code,
+                auto_print=self.auto_print if auto_print is None else auto_print,
                 timeout=self.timeout if timeout is None else timeout,
                 memory_mb=memory_mb,
                 stdin=_as_bytes(stdin) if stdin is not None else None,

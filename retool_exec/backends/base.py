@@ -24,7 +24,7 @@ __all__ = ["Backend", "RunRequest", "SessionHandle"]
 
 @dataclass(frozen=True, slots=True)
 class RunRequest:
-    """One call: the code (already auto-printed if asked), its inputs and its limits.
+    """One call: the code as written, its inputs and its limits.
 
     ``stdin``, ``files`` and ``fetch`` are handled by the backend *outside* the
     user's process (written before it starts, read after it ends), so nothing
@@ -57,6 +57,9 @@ class RunRequest:
     cell_timeout: float | None = None
     """Notebook mode: seconds per cell; past it the cell is interrupted (KeyboardInterrupt),
     and if it does not stop within a second the process is killed."""
+    auto_print: bool = False
+    """Print the value of a final expression, as ``add_auto_print`` would. The backend does
+    it where the code runs (``agent/auto_print.py``): the host never parses the code."""
 
     def __post_init__(self) -> None:
         if self.stdin is not None:

@@ -7,7 +7,8 @@ training-loop tests run without Python subprocesses or Docker.
     sandbox = Sandbox(backend=FakeBackend(lambda req: "5\\n"))
 
 The handler sees the whole ``RunRequest`` (``stdin``, ``files``, ``fetch``,
-``cells``, ...); a test that needs fetched files or notebook cells back
+``cells``, ``auto_print``, ...; the code as written, since real backends print a
+final expression where the code runs); a test that needs fetched files or notebook cells back
 returns an ``ExecResult`` with ``files``/``fetch_errors``/``cells`` set, since
 a plain string answer carries stdout only.
 

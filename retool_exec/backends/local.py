@@ -77,6 +77,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import inspect
 import json
 import math
 import os
@@ -95,7 +96,7 @@ from retool_exec._models import CellResult, ExecResult, Outcome, classify_exit
 from retool_exec._output import TailBuffer, read_cap_bytes
 from retool_exec.backends.base import Backend, RunRequest, SessionHandle
 from retool_exec.backends.config import LocalConfig
-from retool_exec.backends.docker.agent import wire
+from retool_exec.backends.docker.agent import auto_print, wire
 
 __all__ = ["CHILD_ENV_OVERRIDES", "LocalSubprocessBackend"]
 
@@ -125,7 +126,8 @@ _BOOTSTRAP = (
     "    os.dup2(fd, 0)\n"
     "    os.close(fd)\n"
     "    try:\n"
-    "        return compile(source.decode('utf-8', 'surrogatepass'), '<sandbox>', 'exec')\n"
+    "        text = source.decode('utf-8', 'surrogatepass')\n"
+    "        {compile}\n"
     "    except Exception as exc:\n"
     "        sys.excepthook(type(exc), exc.with_traceback(None), None)\n"
     "        raise SystemExit(1) from None\n"
@@ -138,6 +140,16 @@ _BOOTSTRAP = (
     "    __import__('sys').excepthook(type(_retool_exc), _retool_exc, _retool_exc.__traceback__)\n"
     "    raise SystemExit(1) from None\n"
 )
+
+_COMPILE = "return compile(text, '<sandbox>', 'exec')"
+_COMPILE_AUTO_PRINTED = (
+    "printing = {}; "
+    f"exec({inspect.getsource(auto_print)!r}, printing); "
+    "return printing['compile_auto_printed'](text, '<sandbox>')"
+)
+"""How the child compiles the code: as ``python -c`` does, or (``auto_print``) with the
+Docker agent's own module, run from its source in the child, so the host never parses
+the code and both backends print a final expression alike."""
 
 # Runs in the child in notebook mode. The host sends each cell as an 8-byte
 # header (index, size) carrying two descriptors (the cell's stdout and stderr
@@ -535,6 +547,7 @@ class LocalSubprocessBackend(Backend):
             path = os.path.join(workdir.path, request.script)
             script = f"sys.argv[:] = [{path!r}]; globals()['__file__'] = {path!r}"
         bootstrap = _BOOTSTRAP.format(
+            compile=_COMPILE_AUTO_PRINTED if request.auto_print else _COMPILE,
             cpu=request.cpu_seconds,
             stdin_fd=-1 if stdin is None else stdin.fileno(),
             script=script,

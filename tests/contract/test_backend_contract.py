@@ -17,6 +17,7 @@ import os
 import signal
 import time
 import uuid
+from typing import Any
 
 import pytest
 
@@ -65,6 +66,29 @@ class TestBackendContract:
         assert (result.returncode, result.timed_out, result.outcome) == (0, False, Outcome.SUCCESS)
         assert result.latency > 0
         assert sandbox.format_tool_content(result) == "5\n"
+
+    def test_auto_print_prints_a_final_expression_where_the_code_runs(
+        self, sandbox: Sandbox
+    ) -> None:
+        """``auto_print`` travels with the request and the backend applies it: the same
+        output on every backend, true traceback lines, and a script file holding the code
+        as written (the host no longer rewrites it)."""
+
+        def printed(code: str, **fields: Any) -> ExecResult:
+            request = RunRequest(code=code, timeout=10, auto_print=True, **fields)
+            return run_request(sandbox, request)
+
+        assert printed("x = 6\nx * 7").stdout == "42\n"
+        assert printed("x = None\nx").stdout == ""
+        assert printed("print('once')").stdout == "once\n"
+        assert printed("'a' + 'b'  # str, not repr").stdout == "ab\n"
+        failed = printed("x = 0\n1 / x")
+        assert failed.outcome is Outcome.ERROR
+        assert 'File "<sandbox>", line 2, in <module>' in failed.stderr
+        code = "import sys\nlen(open(sys.argv[0]).read())"
+        assert printed(code, script="main.py").stdout == f"{len(code)}\n"
+        broken = printed("x = (")
+        assert broken.outcome is Outcome.ERROR and "SyntaxError" in broken.stderr
 
     def test_code_runs_with_no_compiler_flags_of_the_runner(self, sandbox: Sandbox) -> None:
         """The code is compiled as ``python -c`` would: the runner's own ``from __future__``

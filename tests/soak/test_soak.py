@@ -4,10 +4,13 @@ One run (a module fixture, about a minute on two cores) feeds four checks:
 
 - no call is lost: every call comes back with a result, within a generous deadline;
 - no benign call gets a wrong answer: each prints a value computed from its index
-  (some read it from stdin) and must get exactly that, with outcome ``success``;
+  (some read it from stdin, some only if ``/tmp`` and ``/dev/shm`` are empty, as a
+  reset must leave them) and must get exactly that, with outcome ``success``;
 - no call that only hits its own limits (wall clock, memory, fork bomb, output
-  flood, ``os._exit``, a signal to itself) is reported as ``sandbox_error``: such
-  calls get the code's own outcome, under load too (docs/security.md);
+  flood, ``os._exit``, a signal to itself) or leaves work for the reset (orphans, a
+  child holding stdout, zombies, a full ``/tmp``, sockets in flight, signals ignored,
+  a stopped process group) is reported as ``sandbox_error``: such calls get the
+  code's own outcome, under load too (docs/security.md);
 - nothing is left behind: after ``close()`` no container with this run's label exists.
 
 The Docker backend runs with the reuse policy and a pool of 2, with 8 calls in
@@ -18,6 +21,7 @@ while the next calls wait for them.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 import uuid
@@ -31,7 +35,8 @@ from tests.conftest import LABELS, require_docker
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
-CALLS = 300
+CALLS = int(os.environ.get("RETOOL_EXEC_SOAK_CALLS", "300"))
+"""How many calls the soak makes (the environment variable runs a longer one by hand)."""
 IN_FLIGHT = 8
 POOL_SIZE = 2
 TIMEOUT = 1.0
@@ -65,6 +70,15 @@ BENIGN = [
         lambda _i: "print(int(input()) * 7919 % 100_003)",
         benign=True,
         stdin=lambda i: f"{i}\n",
+    ),
+    Kind(
+        "clean-room",
+        lambda i: (
+            "import os\n"
+            "left = os.listdir('/tmp') + os.listdir('/dev/shm')\n"
+            f"print({i} * 7919 % 100_003 if not left else left)"
+        ),
+        benign=True,
     ),
     Kind(
         "compute",
@@ -106,6 +120,52 @@ HOSTILE = [
         benign=False,
     ),
     Kind("segfault", lambda _i: "import ctypes\nctypes.string_at(0)", benign=False),
+    Kind(
+        "orphan",
+        lambda _i: "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(100)",
+        benign=False,
+    ),
+    Kind(
+        "holds-stdout",
+        lambda _i: "import os, time\nif os.fork() == 0:\n    time.sleep(100)\nprint('gone')",
+        benign=False,
+    ),
+    Kind("stops-itself", lambda _i: "import os, signal\nos.kill(0, signal.SIGSTOP)", benign=False),
+    Kind(
+        "ignores-signals",
+        lambda _i: (
+            "import signal\n"
+            "for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGXCPU):\n"
+            "    signal.signal(s, signal.SIG_IGN)\n"
+            "while True:\n    pass"
+        ),
+        benign=False,
+    ),
+    Kind(
+        "fills-tmp",
+        lambda i: (
+            f"import os\nfor n in range(100_000):\n"
+            f"    with open(f'/tmp/{i}-{{n}}', 'wb') as f:\n"
+            "        f.write(os.urandom(65536))"
+        ),
+        benign=False,
+    ),
+    Kind(
+        "sockets-in-flight",
+        lambda _i: (
+            "import socket\n"
+            "for _ in range(50):\n"
+            "    a, b = socket.socketpair()\n"
+            "    socket.send_fds(a, [b'x'], [a.fileno(), b.fileno()])\n"
+            "print('held')"
+        ),
+        benign=False,
+    ),
+    Kind(
+        "zombies",
+        lambda _i: "import os\nfor _ in range(30):\n    if os.fork() == 0:\n        os._exit(0)",
+        benign=False,
+    ),
 ]
 
 

@@ -286,6 +286,8 @@ class DockerBackend(Backend):
             "read_cap": read_cap_bytes(self.config.max_output_chars),
             "reset": self.config.policy == "reuse",
         }
+        if request.auto_print:
+            frame["auto_print"] = True
         if request.memory_mb is not None:
             frame["memory_mb"] = min(request.memory_mb, self.config.memory_mb)
         if request.stdin is not None:

@@ -604,6 +604,7 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
         "memory_mb": request.get("memory_mb"),
         "stdin": request.get("stdin"),
         "script": request.get("script"),
+        "auto_print": request.get("auto_print") is True,
     }
     child.request.sendall(wire.encode_for_call(to_child))
 

@@ -37,6 +37,7 @@ import types
 from typing import Any
 
 from . import forking, generators, identity, reset, wire
+from .auto_print import compile_auto_printed
 
 EVENTS_FD, REQUEST_FD, STARTED_FD = 3, 4, 5
 FORKED_BYTE = b"F"
@@ -447,7 +448,9 @@ def child_main(events_w: int, request_r: int, out_w: int, err_w: int, started_w:
         else:
             script = request.get("script")
             status = run_user_code(
-                str(request["code"]), script if isinstance(script, str) else None
+                str(request["code"]),
+                script if isinstance(script, str) else None,
+                auto_print=request.get("auto_print") is True,
             )
     finally:
         os._exit(status)
@@ -696,7 +699,7 @@ def _fresh_main(script_path: str | None = None) -> dict[str, Any]:
     return main.__dict__
 
 
-def run_user_code(source: str, script: str | None = None) -> int:
+def run_user_code(source: str, script: str | None = None, *, auto_print: bool = False) -> int:
     _std_streams()
     path = None
     if script is not None:  # as `python SCRIPT`: the file is in the working directory
@@ -706,7 +709,10 @@ def run_user_code(source: str, script: str | None = None) -> int:
         namespace["__file__"] = path
     status = 0
     try:
-        code = compile(source, "<sandbox>", "exec", dont_inherit=True)
+        if auto_print:
+            code = compile_auto_printed(source, "<sandbox>")
+        else:
+            code = compile(source, "<sandbox>", "exec", dont_inherit=True)
         exec(code, namespace)
     except SystemExit as exc:
         status = exit_status(exc)
