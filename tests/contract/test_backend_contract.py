@@ -90,6 +90,18 @@ class TestBackendContract:
         broken = printed("x = (")
         assert broken.outcome is Outcome.ERROR and "SyntaxError" in broken.stderr
 
+    def test_the_main_namespace_is_the_one_python_dash_c_gives(self, sandbox: Sandbox) -> None:
+        """``__builtins__`` is the module (``__builtins__.len`` works), and ``__annotations__``
+        and ``__loader__`` are there, as in ``python3 -c``; nothing of the runner's."""
+        result = sandbox.run_code(
+            "print(__builtins__.len('ab'), __annotations__, __loader__.__name__)\n"
+            "print(sorted(globals()))"
+        )
+        assert result.stdout == (
+            "2 {} BuiltinImporter\n['__annotations__', '__builtins__', '__doc__', "
+            "'__loader__', '__name__', '__package__', '__spec__']\n"
+        ), result
+
     def test_code_runs_with_no_compiler_flags_of_the_runner(self, sandbox: Sandbox) -> None:
         """The code is compiled as ``python -c`` would: the runner's own ``from __future__``
         imports do not reach it (the Docker agent's once made every annotation a string)."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import _signal  # type: ignore[import-not-found]  # the C half of signal: no stub
 import array
+import builtins
 import errno
 import gc
 import io
@@ -34,6 +35,7 @@ import sys
 import threading
 import traceback
 import types
+from importlib.machinery import BuiltinImporter
 from typing import Any
 
 from . import forking, generators, identity, reset, wire
@@ -695,6 +697,9 @@ def _fresh_main(script_path: str | None = None) -> dict[str, Any]:
     if sys.path and sys.path[0] == Setup.agent_path:
         sys.path[0] = os.path.dirname(script_path) if script_path else ""
     main = types.ModuleType("__main__")
+    # What python3 -c puts there besides: code that reads __builtins__.print or
+    # __annotations__ behaves as it does under the local backend.
+    main.__dict__.update(__builtins__=builtins, __annotations__={}, __loader__=BuiltinImporter)
     sys.modules["__main__"] = main
     return main.__dict__
 
