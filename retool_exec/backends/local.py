@@ -77,6 +77,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import inspect
 import json
 import math
@@ -142,14 +143,19 @@ _BOOTSTRAP = (
 )
 
 _COMPILE = "return compile(text, '<sandbox>', 'exec')"
-_COMPILE_AUTO_PRINTED = (
-    "printing = {}; "
-    f"exec({inspect.getsource(auto_print)!r}, printing); "
-    "return printing['compile_auto_printed'](text, '<sandbox>')"
-)
-"""How the child compiles the code: as ``python -c`` does, or (``auto_print``) with the
-Docker agent's own module, run from its source in the child, so the host never parses
-the code and both backends print a final expression alike."""
+
+
+@functools.cache
+def _compile_auto_printed() -> str:
+    """How the child compiles the code for ``auto_print``: with the Docker agent's own
+    module, run from its source in the child, so the host never parses the code and both
+    backends print a final expression alike (read only when a call asks for it)."""
+    return (
+        "printing = {}; "
+        f"exec({inspect.getsource(auto_print)!r}, printing); "
+        "return printing['compile_auto_printed'](text, '<sandbox>')"
+    )
+
 
 # Runs in the child in notebook mode. The host sends each cell as an 8-byte
 # header (index, size) carrying two descriptors (the cell's stdout and stderr
@@ -547,7 +553,7 @@ class LocalSubprocessBackend(Backend):
             path = os.path.join(workdir.path, request.script)
             script = f"sys.argv[:] = [{path!r}]; globals()['__file__'] = {path!r}"
         bootstrap = _BOOTSTRAP.format(
-            compile=_COMPILE_AUTO_PRINTED if request.auto_print else _COMPILE,
+            compile=_compile_auto_printed() if request.auto_print else _COMPILE,
             cpu=request.cpu_seconds,
             stdin_fd=-1 if stdin is None else stdin.fileno(),
             script=script,

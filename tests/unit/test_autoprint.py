@@ -5,7 +5,9 @@ from __future__ import annotations
 import ast
 import contextlib
 import io
+import sys
 import traceback
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -355,3 +357,26 @@ def test_a_sandbox_never_parses_the_code_on_the_host() -> None:
         sandbox.run_code(code)
     assert seen[0].code == code
     assert seen[0].auto_print is True
+
+
+def test_code_too_deep_for_the_ast_route_runs_as_written() -> None:
+    """A long chain that ``compile`` takes but the AST round trip cannot: compiled as
+    written (no print), never a RecursionError the code did not cause."""
+    code = "s = " + " + ".join(["'ab'"] * 1000) + "\nprint(len(s))\nlen(s)"
+    assert run_compiled(code) in ("2000\n", "2000\n2000\n")
+
+
+def test_a_starred_final_expression_stays_a_syntax_error() -> None:
+    with pytest.raises(SyntaxError):
+        compile_auto_printed("a = [5]\n*a", "<sandbox>")
+
+
+def test_a_file_named_ast_in_the_working_directory_is_not_imported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "ast.py").write_text("raise SystemExit('the call's own ast.py ran')\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend("")
+    monkeypatch.delitem(sys.modules, "ast")
+    assert run_compiled("2 + 3") == "5\n"
+    assert sys.modules["ast"].__file__ != str(tmp_path / "ast.py")

@@ -80,9 +80,10 @@ def _big_cell_timed_out(obs: Observation) -> bool:
     """A timeout on time. A cell that ran to its end shows the stop never landed (the
     process read the whole cell before its stopping thread got a core): inconclusive."""
     cell = obs.cell("attack")
-    if cell.outcome is Outcome.SUCCESS and cell.stdout == "the big cell ran\n":
+    on_time = cell.latency <= _BIG_CELL_TIMEOUT + 1.5
+    if cell.outcome is Outcome.SUCCESS and cell.stdout == "the big cell ran\n" and on_time:
         raise Inconclusive("the process read the whole cell before it stopped")
-    return cell.outcome is Outcome.TIMEOUT and cell.latency <= _BIG_CELL_TIMEOUT + 1.5
+    return cell.outcome is Outcome.TIMEOUT and on_time
 
 
 _SURROGATE_VALUE = code("""

@@ -12,6 +12,7 @@ cannot read the agent's files); ``ast`` is imported only by a call that asks,
 so no zygote holds it for the calls that do not.
 """
 
+import os
 import types
 
 TYPE_CHECKING = False  # typing itself is not imported into a zygote for this
@@ -28,24 +29,49 @@ WRAPPER = "(lambda __retool_value: __retool_value is None or print(__retool_valu
 def compile_auto_printed(source: str, filename: str) -> types.CodeType:
     """``source`` compiled as ``compile(source, filename, "exec")`` would, but with its last
     top-level statement, if it is an expression other than a ``print(...)`` call, printing
-    its value. The wrapper takes the expression's position, so tracebacks keep true lines."""
-    import ast
+    its value. The wrapper takes the expression's position, so tracebacks keep true lines.
+    Code the AST route cannot take (nested deeper than its recursion allows, or too large
+    for memory) is compiled as written, as ``add_auto_print`` leaves it unchanged."""
+    ast = _ast()
+    try:
+        tree = ast.parse(source, filename, "exec")
+        last = tree.body[-1] if tree.body else None
+        if (
+            isinstance(last, ast.Expr)
+            and not isinstance(last.value, ast.Starred)  # `*a` alone is a SyntaxError
+            and not is_print_call(last.value)
+        ):
+            wrapper = ast.parse(WRAPPER, filename, "eval").body
+            call = ast.Call(func=wrapper, args=[last.value], keywords=[])
+            for node in ast.walk(wrapper):
+                ast.copy_location(node, last.value)
+            last.value = ast.copy_location(call, last.value)
+        return compile(tree, filename, "exec", dont_inherit=True)
+    except (RecursionError, MemoryError):
+        tree = None  # free it before compiling again
+    return compile(source, filename, "exec", dont_inherit=True)
 
-    tree = ast.parse(source, filename, "exec")
-    last = tree.body[-1] if tree.body else None
-    if isinstance(last, ast.Expr) and not is_print_call(last.value):
-        wrapper = ast.parse(WRAPPER, filename, "eval").body
-        call = ast.Call(func=wrapper, args=[last.value], keywords=[])
-        for node in ast.walk(wrapper):
-            ast.copy_location(node, last.value)
-        last.value = ast.copy_location(call, last.value)
-    return compile(tree, filename, "exec", dont_inherit=True)
+
+def _ast() -> types.ModuleType:
+    """The standard library's ``ast``, never a file of the call's working directory (which
+    is first on ``sys.path`` by now)."""
+    import sys
+
+    if "ast" not in sys.modules:
+        saved = sys.path[:]
+        sys.path[:] = [
+            entry for entry in sys.path if entry not in ("", ".") and entry != os.getcwd()
+        ]
+        try:
+            import ast  # noqa: F401
+        finally:
+            sys.path[:] = saved
+    return sys.modules["ast"]
 
 
 def is_print_call(node: "ast.expr") -> bool:
     """Whether ``node`` is a ``print(...)`` call (its value is printed already)."""
-    import ast
-
+    ast = _ast()
     return (
         isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print"
     )
