@@ -78,22 +78,28 @@ def _run(backend: Backend, case_id: str) -> CaseReport:
     return asyncio.run(go())
 
 
+def _timed_out(stdout: str, latency: float, detail: str = "") -> ExecResult:
+    """A cell's timeout, as a real backend reports it."""
+    return ExecResult(
+        ok=False,
+        stdout=stdout,
+        stderr="",
+        returncode=None,
+        timed_out=True,
+        latency=latency,
+        outcome=Outcome.TIMEOUT,
+        detail=detail,
+    )
+
+
 def _stubborn(lose: bool) -> Callable[[FakeCell], ExecResult | str]:
     """A session where the stubborn cell times out, and is killed (``lose``) or not."""
 
     def cell(c: FakeCell) -> ExecResult | str:
         if "report(stubborn=True)" not in c.code:
             return '{"ready": true}\n'
-        return ExecResult(
-            ok=False,
-            stdout='{"stubborn": true}\n',
-            stderr="",
-            returncode=None,
-            timed_out=True,
-            latency=3.0,
-            outcome=Outcome.TIMEOUT,
-            detail="session lost: killed after its grace" if lose else "",
-        )
+        detail = "session lost: killed after its grace" if lose else ""
+        return _timed_out('{"stubborn": true}\n', 3.0, detail)
 
     return cell
 
@@ -148,15 +154,7 @@ def _stops_late(late_runs: int) -> tuple[FakeBackend, list[str]]:
         seen.append("big")
         if len(seen) <= late_runs:
             return "the big cell ran\n"
-        return ExecResult(
-            ok=False,
-            stdout="",
-            stderr="",
-            returncode=None,
-            timed_out=True,
-            latency=3.2,
-            outcome=Outcome.TIMEOUT,
-        )
+        return _timed_out("", 3.2)
 
     return FakeBackend(_next_call, session_handler=cell), seen
 
