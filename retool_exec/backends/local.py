@@ -89,7 +89,7 @@ import stat
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
-from typing import IO, Any
+from typing import IO, Any, TypeGuard
 
 from retool_exec._errors import SessionError, SessionLostError
 from retool_exec._formatting import truncate_tail
@@ -278,6 +278,7 @@ _NOTEBOOK = (
 _SESSION_DRIVER = r"""
 def _retool_session():
     import ast, json, os, signal, socket, sys, traceback
+    own_pid = os.getpid  # bound before any cell: a cell's os.getpid = ... cannot name a fork
     link = [socket.socket(fileno=int(sys.argv[1]))]
     cap = int(sys.argv[2])
     sys.argv = ['-c']
@@ -435,7 +436,7 @@ def _retool_session():
                 except OSError:
                     os.chdir(new_home)
                 home[0] = new_home
-                answer({'pid': os.getpid()})
+                answer({'pid': own_pid()})
             except BaseException:
                 os._exit(1)
             return
@@ -452,7 +453,7 @@ def _retool_session():
 
     signal.signal(signal.SIGINT, interrupt)
     to_null()
-    answer({'pid': os.getpid()})
+    answer({'pid': own_pid()})
     while True:
         try:
             header, fds, _flags, _address = socket.recv_fds(link[0], 8, 2)
@@ -1292,7 +1293,7 @@ class _LocalSession(SessionHandle):
                 raise SessionError(f"the fork failed: {str(ack.get('reason'))[:300]}")
             hello = await _await_message(loop, ours, copy.exited)
             pid = hello.get("pid") if hello is not None else None
-            if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1:
+            if not _is_fork_copy(pid, self.pid):
                 raise SessionError("the fork failed: the copy did not start")
             copy.pid = pid
         except BaseException:
@@ -1319,9 +1320,10 @@ class _LocalSession(SessionHandle):
         self._ended = True
         self._backend._sessions.discard(self)
         try:
-            if self.pid:
+            try:
                 _kill_group(self.pid)
-            self._channel.close()
+            finally:
+                self._channel.close()
             await asyncio.wait([self._process.exited], timeout=_SESSION_END)
         finally:
             self._process.release()
@@ -1525,7 +1527,36 @@ def _remove_tree(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+# The kernel's PID_MAX_LIMIT: no pid on Linux is larger.
+_PID_MAX = 1 << 22
+
+
+def _is_pid(value: object) -> TypeGuard[int]:
+    """Whether ``value`` can be a process id other than init's (a JSON int in range)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 1 < value <= _PID_MAX
+
+
+def _is_fork_copy(pid: object, parent: int) -> TypeGuard[int]:
+    """Whether ``pid``, as a fork's copy reported it, names a live session leader that is
+    neither this process nor the session it was forked from.
+
+    The copy's report comes from code the cell can reach; the host kills the copy's
+    process group by this number later, so a number that would crash the kill, or
+    point it at the parent session or the host, must not be taken.
+    """
+    if not _is_pid(pid) or pid in (os.getpid(), parent):
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rpartition(")")[2].split()
+    except OSError:
+        return False
+    return len(fields) > 3 and fields[3] == str(pid)  # the copy called setsid()
+
+
 def _kill_group(pid: int) -> None:
+    if not _is_pid(pid):
+        return
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
 

@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -32,10 +35,11 @@ from retool_exec import (
     Outcome,
     Sandbox,
     Session,
+    SessionError,
     SessionLimitError,
     SessionLostError,
 )
-from retool_exec.backends.local import LocalSubprocessBackend
+from retool_exec.backends.local import LocalSubprocessBackend, _is_fork_copy, _kill_group
 from tests.conftest import backend_config
 
 INTERRUPT_GRACE = 1.0
@@ -600,6 +604,44 @@ class TestLocalSessions:
                 )
                 assert result == (True, outside, True)
 
+    def test_a_fork_is_known_by_its_own_pid_whatever_a_cell_did_to_os_getpid(
+        self, local_sandbox: Sandbox
+    ) -> None:
+        """A cell's os.getpid = ... once made the fork report a pid of 2**70 (closing it
+        raised OverflowError and left the copy and its socket behind) or its parent's pid
+        (closing the fork killed the parent session)."""
+        for lie in ("2 ** 70", "parent"):
+            with local_sandbox.session() as session:
+                parent = value(session, "import os\nreal = os.getpid\nparent = real()\nparent")
+                session.run_code(f"os.getpid = lambda: {lie}")
+                branch = session.fork()
+                copy = value(branch, "real()")
+                assert value(branch, "os.getpid()") != copy  # the lie is still in place
+                branch.close()
+                assert _gone(copy)
+                assert value(session, "real()") == parent  # the parent lives on
+            gc.collect()  # a socket left open fails the test here (ResourceWarning)
+
+    @pytest.mark.parametrize(
+        "forged", ["2 ** 70", "-1", "1", "True", "'12'", "parent", "host", "None"]
+    )
+    def test_a_fork_whose_hello_is_forged_fails_and_leaves_nothing(
+        self, local_sandbox: Sandbox, forged: str
+    ) -> None:
+        """The copy's hello is made by code the cell can reach (here json.dumps): a pid
+        that is not a live session leader of its own is refused, not killed later."""
+        with local_sandbox.session() as session:
+            parent = value(session, "import os\nos.getpid()")
+            lie = {"parent": str(parent), "host": str(os.getpid())}.get(forged, forged)
+            session.run_code(
+                "import json\n_dumps = json.dumps\n"
+                f"json.dumps = lambda m, *a, **k: _dumps({{'pid': {lie}}} if 'pid' in m else m)"
+            )
+            with pytest.raises(SessionError, match="the copy did not start"):
+                session.fork()
+            assert value(session, "os.getpid()") == parent  # the parent lives on
+        gc.collect()
+
     def test_auto_print_does_not_change_what_a_cell_displays(self) -> None:
         sandbox = Sandbox(backend_config("local"), auto_print=True)
         with sandbox, sandbox.session() as session:
@@ -611,6 +653,30 @@ class TestLocalSessions:
         config = LocalConfig(python="/nonexistent/python3")
         with Sandbox(config) as sandbox, pytest.raises(SessionLostError, match="could not start"):
             sandbox.open_session()
+
+
+def test_a_fork_copy_is_a_live_session_leader_other_than_the_host_and_its_parent() -> None:
+    with subprocess.Popen([sys.executable, "-c", "input()"], stdin=subprocess.PIPE) as member:
+        try:
+            assert not _is_fork_copy(member.pid, os.getpid())  # in our session, no leader
+        finally:
+            member.kill()
+    with subprocess.Popen(
+        [sys.executable, "-c", "input()"], stdin=subprocess.PIPE, start_new_session=True
+    ) as copy:
+        try:
+            assert _is_fork_copy(copy.pid, os.getpid())
+            assert not _is_fork_copy(copy.pid, copy.pid)  # the parent session itself
+        finally:
+            copy.kill()
+    assert not _is_fork_copy(copy.pid, os.getpid())  # gone
+    for number in (os.getpid(), 1, 0, -5, 2**70, True, "7", None, 7.0):
+        assert not _is_fork_copy(number, 0)
+
+
+def test_killing_a_group_by_a_number_that_is_no_pid_does_nothing() -> None:
+    for number in (2**70, -(2**70), (1 << 22) + 1):
+        _kill_group(number)  # 2**70 raised OverflowError, in the middle of a session's close
 
 
 def test_the_observation_of_a_cell_shows_its_final_value() -> None:
