@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import secrets
 import socket
@@ -16,7 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -44,6 +45,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 LABEL_MANAGED = "org.retool_exec.managed"
 LABEL_OWNER = "org.retool_exec.owner"
@@ -79,6 +81,16 @@ def allocate_sandbox_uid(client: docker.DockerClient) -> int:
                 _claimed_uids.add(uid)
                 return uid
     raise RuntimeError("no free sandbox uid")
+
+
+def _undo_result(done: Future[T], undo: Callable[[T], object]) -> None:
+    """Hand a finished thread's result to ``undo`` (nothing when it failed or never ran)."""
+    if done.cancelled() or done.exception() is not None:
+        return
+    try:
+        undo(done.result())
+    except Exception:  # a thread's callback: nobody could catch it
+        log.warning("could not undo an abandoned container start", exc_info=True)
 
 
 def release_sandbox_uid(uid: int | None) -> None:
@@ -201,17 +213,36 @@ class ContainerFactory:
     async def _blocking(self, func: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._threads, func)
 
-    async def create(self) -> SandboxContainer:
-        """Create, attach, start, and wait for the agent's ready frame."""
-        name = f"retool-exec-{self.pool_id}-{uuid.uuid4().hex[:8]}"
-        uid = await self._blocking(lambda: allocate_sandbox_uid(self.client))
+    async def _blocking_owned(self, func: Callable[[], T], undo: Callable[[T], object]) -> T:
+        """``_blocking`` for work that makes something to own (a uid; a container and its
+        socket). A caller cancelled first cannot take it, so ``undo`` gets it in the
+        worker thread once it is made, even after this loop has closed."""
+        work = self._threads.submit(func)
         try:
-            container_id, raw_socket = await self._blocking(lambda: self._create_sync(name, uid))
+            return await asyncio.wrap_future(work)
+        except asyncio.CancelledError:
+            work.add_done_callback(lambda done: _undo_result(done, undo))
+            raise
+
+    async def create(self) -> SandboxContainer:
+        """Create, attach, start, and wait for the agent's ready frame.
+
+        Nothing is left when it fails or is cancelled at any step: no container, no
+        open socket, no claimed uid.
+        """
+        name = f"retool-exec-{self.pool_id}-{uuid.uuid4().hex[:8]}"
+        uid = await self._blocking_owned(
+            lambda: allocate_sandbox_uid(self.client), release_sandbox_uid
+        )
+        try:
+            container_id, raw_socket = await self._blocking_owned(
+                lambda: self._create_sync(name, uid), self._undo_create
+            )
         except BaseException:
             release_sandbox_uid(uid)
             raise
+        channel = AgentChannel(raw_socket)
         try:
-            channel = AgentChannel(raw_socket)
             ready = await channel.receive(timeout=self.config.start_timeout)
             if ready.get("type") == "fatal":
                 raise ProtocolError(f"the agent refused to start: {ready.get('reason')}")
@@ -222,10 +253,16 @@ class ContainerFactory:
                     f"the agent runs calls as {ready.get('sandbox_uid')}, not {uid}"
                 )
         except BaseException:
+            channel.close()
             await self.destroy_id(container_id)
             release_sandbox_uid(uid)
             raise
         return SandboxContainer(id=container_id, channel=channel, ready=ready, sandbox_uid=uid)
+
+    def _undo_create(self, made: tuple[str, socket.socket]) -> None:
+        container_id, raw_socket = made
+        raw_socket.close()
+        remove_container(self.client, container_id)
 
     def _create_sync(self, name: str, uid: int) -> tuple[str, socket.socket]:
         api = self.client.api
