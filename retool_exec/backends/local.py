@@ -1007,13 +1007,14 @@ def _result_or_none(task: asyncio.Future[dict[str, Any] | None]) -> dict[str, An
 def _answer_fields(
     answer: Mapping[str, Any], limit: int
 ) -> tuple[list[dict[str, str]], list[dict[str, Any]]]:
-    """The driver's display and error lists, checked and bounded (nothing else is taken)."""
+    """The driver's display and error lists, checked and bounded (nothing else is taken:
+    the answer is made by code a cell can reach, so a field of another shape is empty)."""
     display: list[dict[str, str]] = []
-    for item in answer.get("display") or ():
+    for item in _listed(answer.get("display")):
         if isinstance(item, dict) and isinstance(item.get("text/plain"), str):
             display.append({"text/plain": _bounded(item["text/plain"], limit)})
     error: list[dict[str, Any]] = []
-    for item in answer.get("error") or ():
+    for item in _listed(answer.get("error")):
         if not isinstance(item, dict):
             continue
         trace = item.get("traceback")
@@ -1022,13 +1023,15 @@ def _answer_fields(
                 "ename": _bounded(str(item.get("ename", "")), 200),
                 "evalue": _bounded(str(item.get("evalue", "")), limit),
                 "traceback": [
-                    _bounded(line, limit)
-                    for line in (trace if isinstance(trace, list) else [])[-200:]
-                    if isinstance(line, str)
+                    _bounded(line, limit) for line in _listed(trace)[-200:] if isinstance(line, str)
                 ],
             }
         )
     return display, error
+
+
+def _listed(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 def _bounded(text: str, limit: int) -> str:
