@@ -202,6 +202,21 @@ class TestSessionContract:
                 "{'x': <class 'int'>, 'return': <class 'str'>}"
             )
 
+    def test_a_file_named_ast_in_the_working_directory_does_not_compile_the_cells(
+        self, sandbox: Sandbox
+    ) -> None:
+        """Cells are parsed with the standard library's ast even when a cell left an ast.py
+        where the interpreter looks first (the working directory) and ast unloaded."""
+        with sandbox.session() as session:
+            session.run_code(
+                "import sys\n"
+                "with open('ast.py', 'w') as f:\n"
+                "    f.write('raise SystemExit(\"the cell\\'s ast.py\")')\n"
+                "sys.modules.pop('ast', None)"
+            )
+            result = session.run_code("6 * 7")
+            assert (result.ok, shown(result)) == (True, "42"), result
+
     def test_a_final_expression_is_displayed_not_printed(self, sandbox: Sandbox) -> None:
         with sandbox.session() as session:
             result = session.run_code("x = 6\nx * 7")

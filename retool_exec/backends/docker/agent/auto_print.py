@@ -19,7 +19,7 @@ TYPE_CHECKING = False  # typing itself is not imported into a zygote for this
 if TYPE_CHECKING:
     import ast
 
-__all__ = ["WRAPPER", "compile_auto_printed", "is_print_call"]
+__all__ = ["WRAPPER", "compile_auto_printed", "is_print_call", "stdlib_ast"]
 
 WRAPPER = "(lambda __retool_value: __retool_value is None or print(__retool_value))"
 """What the final expression's value is passed to: ``None`` is not printed, as in a REPL.
@@ -32,7 +32,7 @@ def compile_auto_printed(source: str, filename: str) -> types.CodeType:
     its value. The wrapper takes the expression's position, so tracebacks keep true lines.
     Code the AST route cannot take (nested deeper than its recursion allows, or too large
     for memory) is compiled as written, as ``add_auto_print`` leaves it unchanged."""
-    ast = _ast()
+    ast = stdlib_ast()
     try:
         tree = ast.parse(source, filename, "exec")
         last = tree.body[-1] if tree.body else None
@@ -52,7 +52,7 @@ def compile_auto_printed(source: str, filename: str) -> types.CodeType:
     return compile(source, filename, "exec", dont_inherit=True)
 
 
-def _ast() -> types.ModuleType:
+def stdlib_ast() -> types.ModuleType:
     """The standard library's ``ast``, never a file of the call's working directory (which
     is first on ``sys.path`` by now)."""
     import sys
@@ -71,7 +71,7 @@ def _ast() -> types.ModuleType:
 
 def is_print_call(node: "ast.expr") -> bool:
     """Whether ``node`` is a ``print(...)`` call (its value is printed already)."""
-    ast = _ast()
+    ast = stdlib_ast()
     return (
         isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print"
     )

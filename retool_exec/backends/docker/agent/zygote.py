@@ -39,7 +39,7 @@ from importlib.machinery import BuiltinImporter
 from typing import Any
 
 from . import forking, generators, identity, reset, wire
-from .auto_print import compile_auto_printed
+from .auto_print import compile_auto_printed, stdlib_ast
 
 EVENTS_FD, REQUEST_FD, STARTED_FD = 3, 4, 5
 FORKED_BYTE = b"F"
@@ -954,7 +954,7 @@ def _one_cell(source: str, namespace: dict[str, Any], index: int, token: str) ->
 
 
 def _run_cell(source: str, namespace: dict[str, Any], index: int) -> Any:
-    import ast
+    ast = stdlib_ast()  # never an ast.py of the session's working directory
 
     tree = ast.parse(source, f"<cell {index + 1}>", "exec")
     last = tree.body[-1] if tree.body else None
