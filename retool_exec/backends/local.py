@@ -196,6 +196,15 @@ _NOTEBOOK = (
     "            return text\n"
     "        kept = text[-cap:] if cap > 0 else ''\n"
     "        return f'[... truncated {{len(text) - cap}} chars ...]\\n{{kept}}'\n"
+    "    def tail(lines):\n"
+    "        kept, total = [], 0\n"
+    "        for line in reversed(lines[-200:]):\n"
+    "            line = cut(line)\n"
+    "            if kept and total + len(line) > cap:\n"
+    "                break\n"
+    "            kept.append(line)\n"
+    "            total += len(line)\n"
+    "        return kept[::-1]\n"
     "    def run_cell(index, source):\n"
     "        filename = f'<cell {{index + 1}}>'\n"
     "        display, error = [], []\n"
@@ -225,8 +234,8 @@ _NOTEBOOK = (
     "                evalue = str(exc)\n"
     "            except BaseException:\n"
     "                lines, evalue = [type(exc).__name__ + '\\n'], '<unprintable>'\n"
-    "            error.append({{'ename': type(exc).__name__, 'evalue': cut(evalue),\n"
-    "                          'traceback': [cut(line) for line in lines[-200:]]}})\n"
+    "            error.append({{'ename': type(exc).__name__[:200], 'evalue': cut(evalue),\n"
+    "                          'traceback': tail(lines)}})\n"
     "        return {{'display': display, 'error': error}}\n"
     "    def own_frames_out(tb):\n"
     "        kept = []\n"
@@ -325,6 +334,16 @@ def _retool_session():
         kept = text[-cap:] if cap > 0 else ''
         return f'[... truncated {len(text) - cap} chars ...]\n{kept}'
 
+    def tail(lines):
+        kept, total = [], 0
+        for line in reversed(lines[-200:]):
+            line = cut(line)
+            if kept and total + len(line) > cap:
+                break
+            kept.append(line)
+            total += len(line)
+        return kept[::-1]
+
     def own_frames_out(tb):
         kept = []
         while tb is not None:
@@ -362,8 +381,8 @@ def _retool_session():
                 evalue = str(exc)
             except BaseException:
                 tb, lines, evalue = None, [type(exc).__name__ + '\n'], '<unprintable>'
-            error.append({'ename': type(exc).__name__, 'evalue': cut(evalue),
-                          'traceback': [cut(line) for line in lines[-200:]]})
+            error.append({'ename': type(exc).__name__[:200], 'evalue': cut(evalue),
+                          'traceback': tail(lines)})
             try:
                 exc.__traceback__ = tb
                 sys.excepthook(type(exc), exc, tb)
@@ -495,8 +514,19 @@ _LAST_WORDS = 0.1
 """Seconds to wait for a cell's answer already on its way when the process is seen to end."""
 _END_SEEN = 0.5
 """Seconds between a driver's channel closing and the process being seen to end, at most."""
-_MAX_ANSWER_BYTES = 64 * 1024 * 1024
-"""Largest answer the notebook driver may send for one cell."""
+_CONTROL_BYTES = 1 << 16
+"""Largest answer to a session's start or fork (a pid, a short reason)."""
+
+
+def _answer_bytes(limit: int) -> int:
+    """Largest answer a driver can send for one cell under ``limit`` characters: one
+    display, the evalue and the traceback (at most twice ``limit`` in all) cut to it,
+    200 lines' overhead, at 12 bytes a character (one outside the BMP is two escapes).
+    A larger answer is a broken protocol: the driver is code a cell can reach, and a
+    64 MiB answer of empty records once cost the host 17 GB to parse."""
+    return 12 * (4 * limit + 200 * 64 + 1024)
+
+
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -897,7 +927,7 @@ class _Notebook:
                     await exchange
 
     async def _send_and_read(self, payload: bytes) -> dict[str, Any] | None:
-        return await _send_and_read(self._loop, self._channel, payload)
+        return await _send_and_read(self._loop, self._channel, payload, _answer_bytes(self._limit))
 
     def _kill(self) -> None:
         self.killed = True
@@ -958,14 +988,18 @@ class _PipeTail:
 
 
 async def _send_and_read(
-    loop: asyncio.AbstractEventLoop, channel: socket.socket, payload: bytes
+    loop: asyncio.AbstractEventLoop,
+    channel: socket.socket,
+    payload: bytes,
+    max_bytes: int = _CONTROL_BYTES,
 ) -> dict[str, Any] | None:
-    """Send ``payload`` (may be empty), then read one length-prefixed JSON object (None: none)."""
+    """Send ``payload`` (may be empty), then read one length-prefixed JSON object (None: none,
+    or one larger than ``max_bytes``)."""
     try:
         if payload:
             await loop.sock_sendall(channel, payload)
         size = await _receive(loop, channel, 4)
-        if size is None or int.from_bytes(size, "big") > _MAX_ANSWER_BYTES:
+        if size is None or int.from_bytes(size, "big") > max_bytes:
             return None
         data = await _receive(loop, channel, int.from_bytes(size, "big"))
     except OSError:
@@ -1010,11 +1044,11 @@ def _answer_fields(
     """The driver's display and error lists, checked and bounded (nothing else is taken:
     the answer is made by code a cell can reach, so a field of another shape is empty)."""
     display: list[dict[str, str]] = []
-    for item in _listed(answer.get("display")):
+    for item in _listed(answer.get("display"))[:1]:  # a cell displays one value
         if isinstance(item, dict) and isinstance(item.get("text/plain"), str):
             display.append({"text/plain": _bounded(item["text/plain"], limit)})
     error: list[dict[str, Any]] = []
-    for item in _listed(answer.get("error")):
+    for item in _listed(answer.get("error"))[:1]:  # and raises at most one exception
         if not isinstance(item, dict):
             continue
         trace = item.get("traceback")

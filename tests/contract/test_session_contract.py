@@ -657,6 +657,49 @@ class TestLocalSessions:
             assert value(session, "os.getpid()") == parent  # the parent lives on
         gc.collect()
 
+    def test_an_oversized_answer_ends_the_session_at_once(self, local_sandbox: Sandbox) -> None:
+        """A cell that reaches the driver's json.dumps once sent 3 million empty error
+        records (9 MB): the host took 20 s and 2.4 GB to build them, past a 1 s timeout."""
+        session = local_sandbox.open_session()
+        session.run_code("import json\n_real = json.dumps")
+        result = session.run_code(
+            "def _forged(message, *args, **kwargs):\n"
+            "    if 'display' in message:\n"
+            "        return '{\"display\": [], \"error\": [' + '{},' * 3_000_000 + '{}]}'\n"
+            "    return _real(message, *args, **kwargs)\n"
+            "json.dumps = _forged",
+            timeout=1,
+        )
+        assert "broke the cell protocol" in result.detail, result
+        assert result.latency < 1 + SLACK
+        assert session.lost is not None
+
+    def test_a_forged_answer_gives_one_record_of_each_kind(self, local_sandbox: Sandbox) -> None:
+        session = local_sandbox.open_session()
+        session.run_code("import json\n_real = json.dumps")
+        result = session.run_code(
+            "json.dumps = lambda m, *a, **k: _real({'display': [{'text/plain': 'v'}] * 500, "
+            "'error': [{'ename': 'E', 'evalue': '', 'traceback': []}] * 500} "
+            "if 'display' in m else m)"
+        )
+        assert [len(result.cells[0].display), len(result.cells[0].error)] == [1, 1]
+
+    def test_huge_exceptions_stay_the_cells_own_error(self, local_sandbox: Sandbox) -> None:
+        """Cut to the output cap in the driver: an answer within its bound, the session lives."""
+        cap = LocalConfig().max_output_chars
+        with local_sandbox.session() as session:
+            for code, ename in [
+                ("raise ValueError('x' * 10**6)", "ValueError"),
+                ("raise type('E' * 10**5, (Exception,), {})('\\U0001f600' * 10**5)", "E" * 200),
+                ("def f(n): return f(n + 1)\nf(0)", "RecursionError"),
+            ]:
+                result = session.run_code(code)
+                [error] = result.cells[0].error
+                assert error["ename"] == ename and result.outcome is Outcome.ERROR, result
+                assert sum(map(len, error["traceback"])) <= 2 * cap + 100
+                assert error["traceback"][-1].rstrip().endswith(("x", "\U0001f600", "exceeded"))
+            assert value(session, "6 * 7") == 42
+
     def test_auto_print_does_not_change_what_a_cell_displays(self) -> None:
         sandbox = Sandbox(backend_config("local"), auto_print=True)
         with sandbox, sandbox.session() as session:
