@@ -13,6 +13,7 @@ loop closed) never swallows an item: what reached it is passed on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -32,6 +33,7 @@ class Handoff(Generic[T]):
         self._lock = threading.RLock()
         self._items: deque[T] = deque()
         self._waiters: deque[asyncio.Future[T]] = deque()
+        self._closed: Callable[[], BaseException] | None = None
 
     def __len__(self) -> int:
         return len(self._items)
@@ -76,6 +78,8 @@ class Handoff(Generic[T]):
         with self._lock:
             if self._items:
                 return self._items.popleft()
+            if self._closed is not None:
+                raise self._closed()
             waiter: asyncio.Future[T] = loop.create_future()
             self._waiters.append(waiter)
         try:
@@ -93,9 +97,19 @@ class Handoff(Generic[T]):
             if waiter in self._waiters:
                 self._waiters.remove(waiter)
                 return  # it was still waiting: nothing reached it
-        if waiter.done() and not waiter.cancelled():
+        if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
             self.put(waiter.result())
         # Otherwise it was cancelled with a delivery on its way: _deliver passes it on.
+
+    def close(self, error: Callable[[], BaseException]) -> None:
+        """No item will come any more: every waiter, now and later, gets ``error()``
+        instead of waiting out its timeout (items kept so far can still be taken)."""
+        with self._lock:
+            self._closed = error
+            waiters, self._waiters = list(self._waiters), deque()
+        for waiter in waiters:
+            with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits
+                waiter.get_loop().call_soon_threadsafe(_fail, waiter, error)
 
     def take_where(self, condition: Callable[[T], bool]) -> list[T]:
         """Remove and return every item ``condition`` holds for (checked under the lock,
@@ -110,6 +124,11 @@ class Handoff(Generic[T]):
         """How many items ``condition`` holds for (checked under the lock)."""
         with self._lock:
             return sum(1 for item in self._items if condition(item))
+
+
+def _fail(waiter: asyncio.Future[T], error: Callable[[], BaseException]) -> None:
+    if not waiter.done():
+        waiter.set_exception(error())
 
 
 class Slots:

@@ -137,6 +137,41 @@ def test_a_waiter_whose_loop_is_closed_is_skipped() -> None:
     assert handoff.get_nowait() == 3
 
 
+class Closed(Exception):
+    pass
+
+
+def test_closing_fails_every_waiter_now_and_later(other_loop: LoopThread) -> None:
+    """A closing pool's waiters once waited out their whole timeout (60 s by default)."""
+    handoff: Handoff[str] = Handoff()
+    elsewhere = other_loop.submit(handoff.get(timeout=30))
+    while not handoff._waiters:
+        threading.Event().wait(0.001)
+
+    async def main() -> None:
+        here = asyncio.ensure_future(handoff.get(timeout=30))
+        await asyncio.sleep(0)  # it starts waiting
+        assert len(handoff._waiters) == 2
+        handoff.close(lambda: Closed("closed"))
+        with pytest.raises(Closed):
+            await asyncio.wait_for(here, 5)
+        with pytest.raises(Closed):
+            await handoff.get(timeout=30)
+
+    asyncio.run(main())
+    with pytest.raises(Closed):
+        elsewhere.result(5)
+
+
+def test_items_kept_before_closing_can_still_be_taken() -> None:
+    handoff: Handoff[int] = Handoff()
+    handoff.put(1)
+    handoff.close(lambda: Closed("closed"))
+    assert handoff.get_nowait() == 1
+    handoff.put(2)  # a container given back after the close: the closer retires it
+    assert asyncio.run(handoff.get()) == 2
+
+
 def test_slots_bound_the_calls_of_every_loop_together(other_loop: LoopThread) -> None:
     slots = Slots(2)
     inside = 0

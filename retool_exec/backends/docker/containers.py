@@ -254,8 +254,7 @@ class ContainerFactory:
                 )
         except BaseException:
             channel.close()
-            await self.destroy_id(container_id)
-            release_sandbox_uid(uid)
+            await self.destroy_id(container_id, then=lambda: release_sandbox_uid(uid))
             raise
         return SandboxContainer(id=container_id, channel=channel, ready=ready, sandbox_uid=uid)
 
@@ -317,14 +316,31 @@ class ContainerFactory:
         return container_id, duplicate
 
     async def destroy(self, container: SandboxContainer) -> None:
-        """Kill and remove a container; never raises."""
+        """Kill and remove a container; never raises (see ``destroy_id``)."""
         container.channel.close()
-        await self.destroy_id(container.id)
-        release_sandbox_uid(container.sandbox_uid)
+        await self.destroy_id(container.id, then=lambda: release_sandbox_uid(container.sandbox_uid))
 
-    async def destroy_id(self, container_id: str) -> None:
-        with contextlib.suppress(Exception):
-            await self._blocking(lambda: remove_container(self.client, container_id))
+    async def destroy_id(
+        self, container_id: str, *, then: Callable[[], None] | None = None
+    ) -> None:
+        """Remove a container, then run ``then``; never raises. Once begun, the removal
+        (in a worker thread) finishes even if the caller is cancelled meanwhile."""
+
+        def remove() -> None:
+            try:
+                with contextlib.suppress(Exception):
+                    remove_container(self.client, container_id)
+            finally:
+                if then is not None:
+                    then()
+
+        try:
+            work = self._threads.submit(remove)
+        except RuntimeError:  # shut down: the pool's label sweep has removed it
+            if then is not None:
+                then()
+            return
+        await asyncio.shield(asyncio.wrap_future(work))
 
     async def oom_killed(
         self, container_id: str, settle: float = 6.0, after_exit: float = 1.0

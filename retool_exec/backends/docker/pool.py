@@ -232,6 +232,7 @@ class WarmPool:
     async def close(self) -> None:
         """Stop refilling, destroy every container, wait for background work."""
         self._closed = True
+        self._ready.close(lambda: PoolUnavailableError("the pool is closed"))  # wake waiters
         while (container := self._ready.get_nowait()) is not None:
             self._retire_here(container)
         # Starts in flight are awaited, not cancelled: a cancelled start could leave
