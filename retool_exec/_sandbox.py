@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import logging
 import os
 import sys
@@ -59,6 +60,15 @@ DEFAULT_SESSION_TTL = 600.0
 """Seconds a session may stay idle before it is closed (its next use raises SessionLostError)."""
 DEFAULT_MAX_WORKERS = 8
 """The seed's default concurrency, for backends without a fixed capacity."""
+
+
+CLOSE_PATIENCE = 1.0
+"""Seconds ``Sandbox.close`` lets its sessions close on their own before closing the backend
+under them (a polite close takes milliseconds; one waiting behind a running cell ends then)."""
+
+_CLOSED_UNDER_THE_CALL = "the sandbox was closed while the call ran"
+"""A call in flight on another thread when ``close()`` stopped the sandbox's loop: an
+explicit error, not a CancelledError its caller never asked for."""
 
 
 class Sandbox:
@@ -120,6 +130,7 @@ class Sandbox:
         self._sessions: set[Session] = set()
         self._session_reservations = 0
         self._reaper: asyncio.Task[None] | None = None
+        self._finishing: set[asyncio.Task[None]] = set()  # closes whose callers gave up
         _open_sandboxes.add(self)
 
     # -- the seed's API ----------------------------------------------------
@@ -293,9 +304,36 @@ class Sandbox:
                         f"it was idle for more than {self.session_ttl:.0f} s (session_ttl)"
                     )
 
+    async def _close_everything(self) -> None:
+        """Close the sessions, then the backend. A session's close may wait for a cell
+        still running in its family (a Docker session's stream carries one exchange at a
+        time): after ``CLOSE_PATIENCE`` the backend closes under it, which ends that
+        cell as lost, and the close with it (a 20 s cell once held close() for 20 s)."""
+        closing = asyncio.ensure_future(self._close_sessions("the sandbox was closed"))
+        await asyncio.wait([closing], timeout=CLOSE_PATIENCE)
+        try:
+            await self.backend.close()
+        finally:
+            await closing
+
     async def _close_sessions(self, reason: str) -> None:
-        for session in list(self._sessions):
-            await session.aclose_in_loop(reason)
+        """Close every session at once (one waiting behind a running cell of its family
+        must not hold up the others, whose closes may end that family), and wait for
+        closes still running after their callers gave up."""
+        closing = [session.aclose_in_loop(reason) for session in list(self._sessions)]
+        outcomes = await asyncio.gather(*closing, return_exceptions=True)
+        while pending := [task for task in self._finishing if not task.done()]:
+            await asyncio.wait(pending)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome  # the first failure, once every close has ended
+
+    async def _to_the_end(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` on this loop to its end even if the caller is cancelled."""
+        task = asyncio.ensure_future(work)
+        self._finishing.add(task)  # the loop keeps only a weak reference to a task
+        task.add_done_callback(self._finishing.discard)
+        await asyncio.shield(task)
 
     def _call_in_loop(self, coro: Coroutine[Any, Any, T], what: str = "a blocking method") -> T:
         """Run ``coro`` on the sandbox's loop and wait for it (from any other thread)."""
@@ -310,6 +348,10 @@ class Sandbox:
         future = portal.submit(coro)
         try:
             return future.result()
+        except concurrent.futures.CancelledError:
+            if self._closed:  # close() stopped the loop under the call, not its caller
+                raise SandboxClosedError(_CLOSED_UNDER_THE_CALL) from None
+            raise
         except BaseException:
             future.cancel()
             raise
@@ -339,7 +381,13 @@ class Sandbox:
             raise
         if portal.in_loop_thread:
             return await coro
-        return await portal.run_from_other_loop(coro)
+        try:
+            return await portal.run_from_other_loop(coro)
+        except asyncio.CancelledError:
+            caller = asyncio.current_task()
+            if self._closed and caller is not None and not caller.cancelling():
+                raise SandboxClosedError(_CLOSED_UNDER_THE_CALL) from None
+            raise
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -367,8 +415,7 @@ class Sandbox:
             return
         try:
             if not portal.in_loop_thread:
-                portal.submit(self._close_sessions("the sandbox was closed")).result()
-                portal.submit(self.backend.close()).result()
+                portal.submit(self._close_everything()).result()
         finally:
             portal.stop()
 

@@ -143,11 +143,19 @@ class Session:
             await self._sandbox._acall_in_loop(self.aclose_in_loop())
 
     async def aclose_in_loop(self, reason: str | None = None) -> None:
+        """End the interpreter. A close that has begun runs to its end even if its caller
+        gives up (``asyncio.wait_for``, Ctrl-C, an MCP cancel): cut short, it left the
+        session released from ``max_sessions`` while its container lived on until the
+        Sandbox closed (the twelfth red-team round). A caller that gives up returns at
+        once; the session still counts until its interpreter is gone."""
         if self._closed:
             return
         self._closed = True
         if reason and self._handle.lost is None:
             self._handle.lost = reason  # before closing: the handle keeps the first reason
+        await self._sandbox._to_the_end(self._end())
+
+    async def _end(self) -> None:
         try:
             await self._handle.close()
         finally:

@@ -485,6 +485,11 @@ class DockerBackend(Backend):
             self._client.close()
             self._client = None
 
+    @property
+    def closing(self) -> bool:
+        """Whether ``close()`` has begun (it ends every session family under its cells)."""
+        return self._closed
+
     def pool_stats(self) -> PoolStats | None:
         """The warm pool's figures now; None before ``start()`` and after ``close()``."""
         pool = self._pool

@@ -103,12 +103,15 @@ class SessionFamily:
                         raise ProtocolError(f"the agent failed: {str(reply.get('reason'))[:300]}")
                     raise ProtocolError(f"unexpected frame from the agent: {reply.get('type')!r}")
             except (TimeoutError, ProtocolError) as exc:
-                self.oom = await self.backend.container_oom_killed(container)
-                self.lost = (
-                    "the session's container ran out of memory and was killed"
-                    if self.oom
-                    else f"the session's container failed: {exc or type(exc).__name__}"
-                )
+                if self.backend.closing:
+                    self.lost = self.lost or "the sandbox was closed"
+                elif self.lost is None:  # else the family was ended on purpose meanwhile
+                    self.oom = await self.backend.container_oom_killed(container)
+                    self.lost = (
+                        "the session's container ran out of memory and was killed"
+                        if self.oom
+                        else f"the session's container failed: {exc or type(exc).__name__}"
+                    )
                 await self.backend.destroy_session_container(container)
                 raise
 
@@ -120,6 +123,10 @@ class SessionFamily:
             await self.backend.destroy_session_container(self.container)
 
     async def close_session(self, sid: int) -> None:
+        """Close one session: the agent ends its interpreter, after a cell still running
+        in the family (the stream carries one exchange at a time); the family's last
+        session takes the container with it. ``Sandbox.close`` does not wait for such
+        a cell: the backend's close ends the container under it."""
         self.sessions.discard(sid)
         if self.lost is None:
             with contextlib.suppress(TimeoutError, ProtocolError, SessionLostError):
@@ -196,7 +203,7 @@ class DockerSession(SessionHandle):
             )
         except (TimeoutError, ProtocolError) as exc:
             self.family.sessions.discard(self.sid)
-            lost = self.family.lost or str(exc)
+            lost = self._lost or self.family.lost or str(exc)  # a close's reason first
             if self.family.oom:
                 return self.family.backend._container_oom(started, 0.0, f"session lost: {lost}")
             return ExecResult.sandbox_failure(

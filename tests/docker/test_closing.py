@@ -1,0 +1,155 @@
+"""Ending things on Docker while work is in flight: a close runs to its end even when its
+caller gives up, and nothing waits behind a running cell or for a container that will
+never come (the twelfth red-team round)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from retool_exec import DockerConfig, ExecResult, Outcome, Sandbox, SandboxClosedError
+from retool_exec.backends.docker.backend import DockerBackend
+from tests.conftest import LABELS, require_docker, session_containers
+
+pytestmark = pytest.mark.docker
+
+SLACK = 5.0
+"""Seconds a close may take on a loaded two-core machine (a container's removal)."""
+
+
+@pytest.fixture()
+def one_session_sandbox() -> Iterator[Sandbox]:
+    require_docker()
+    config = DockerConfig(policy="reuse", pool_size=1, labels=LABELS)
+    with Sandbox(config, max_sessions=1) as sandbox:
+        sandbox.start()
+        yield sandbox
+
+
+def _docker(sandbox: Sandbox) -> DockerBackend:
+    assert isinstance(sandbox.backend, DockerBackend)
+    return sandbox.backend
+
+
+def _settled(sandbox: Sandbox, within: float = SLACK) -> bool:
+    """No session is counted and no session container is left, within ``within`` s."""
+    deadline = time.monotonic() + within
+    while sandbox.open_sessions or _docker(sandbox)._session_containers:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.mark.parametrize("gives_up_after", [0.002, 0.02, 0.2])
+def test_a_close_whose_caller_gives_up_still_ends_the_session(
+    one_session_sandbox: Sandbox, gives_up_after: float
+) -> None:
+    """It once left the container running until the Sandbox closed, uncounted by
+    max_sessions: each cancelled close leaked one more container."""
+    sandbox = one_session_sandbox
+    used: list[str] = []
+
+    async def rounds() -> None:
+        for _ in range(3):
+            session = await sandbox.aopen_session()  # max_sessions=1: the last one is gone
+            used.append(session._handle.family.container.id)  # type: ignore[attr-defined]
+            assert (await session.arun_code("x = 1")).ok
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(session.aclose(), gives_up_after)
+            if not session.closed:  # given up before the close began: nothing happened
+                assert (await session.arun_code("x")).ok
+                await session.aclose()
+            assert await asyncio.to_thread(_settled, sandbox)
+
+    asyncio.run(rounds())
+    assert not set(used) & set(session_containers())
+
+
+def test_closing_the_sandbox_does_not_wait_for_a_running_cell() -> None:
+    """Closed 1.5 s into a 20 s cell, the Sandbox once waited for the cell to end."""
+    require_docker()
+    sandbox = Sandbox(DockerConfig(policy="reuse", pool_size=1, labels=LABELS))
+    session = sandbox.open_session()
+    fork = session.fork()  # a family of two: the closes of both must not queue
+    results: list[ExecResult] = []
+    running = threading.Thread(
+        target=lambda: results.append(session.run_code("import time\ntime.sleep(20)", timeout=30))
+    )
+    running.start()
+    time.sleep(1.5)
+    started = time.monotonic()
+    sandbox.close()
+    took = time.monotonic() - started
+    running.join(SLACK)
+    assert took < SLACK, took
+    [result] = results
+    assert result.outcome is Outcome.SANDBOX_ERROR, result
+    assert result.detail == "session lost: the sandbox was closed", result
+    assert fork.closed and session.closed
+
+
+def test_a_call_waiting_for_a_container_ends_when_the_sandbox_closes() -> None:
+    """It once waited out the whole start_timeout for a container nobody would start."""
+    require_docker()
+    config = DockerConfig(policy="fresh", pool_size=1, start_timeout=60, labels=LABELS)
+    sandbox = Sandbox(config)
+    sandbox.start()
+    outcomes: list[ExecResult | BaseException] = []
+
+    def call(code: str) -> None:
+        try:
+            outcomes.append(sandbox.run_code(code, timeout=30))
+        except Exception as exc:  # what the caller sees is the point
+            outcomes.append(exc)
+
+    first = threading.Thread(target=call, args=("import time\ntime.sleep(1)",))
+    waiting = threading.Thread(target=call, args=("print('served')",))
+    first.start()
+    time.sleep(0.3)
+    waiting.start()  # behind the first call; then for the container that replaces its own
+    first.join(SLACK)
+    started = time.monotonic()
+    sandbox.close()
+    waiting.join(SLACK)
+    assert time.monotonic() - started < SLACK
+    outcomes.pop(0)
+    [outcome] = outcomes
+    if isinstance(outcome, ExecResult) and outcome.ok:
+        pytest.skip("the new container was ready before the close: nothing waited")
+    assert isinstance(outcome, ExecResult), repr(outcome)
+    assert outcome.outcome is Outcome.SANDBOX_ERROR
+    assert "the pool is closed" in outcome.detail, outcome
+
+
+def test_a_sync_call_in_flight_when_the_sandbox_closes_gets_an_explicit_answer() -> None:
+    """A call on another thread once raised a bare concurrent.futures.CancelledError."""
+    require_docker()
+    sandbox = Sandbox(DockerConfig(policy="reuse", pool_size=1, labels=LABELS), max_workers=2)
+    sandbox.start()
+    outcomes: list[ExecResult | BaseException] = []
+
+    def call() -> None:
+        try:
+            outcomes.append(sandbox.run_code("import time\ntime.sleep(20)", timeout=30))
+        except BaseException as exc:
+            outcomes.append(exc)
+
+    calls = [threading.Thread(target=call) for _ in range(2)]  # one runs, one queues
+    for each in calls:
+        each.start()
+    time.sleep(1.5)
+    sandbox.close()
+    for each in calls:
+        each.join(SLACK + 6)
+    assert len(outcomes) == 2
+    for outcome in outcomes:
+        if isinstance(outcome, ExecResult):
+            assert outcome.outcome is Outcome.SANDBOX_ERROR, outcome
+        else:
+            assert isinstance(outcome, SandboxClosedError), repr(outcome)
