@@ -39,6 +39,7 @@ from retool_exec import (
     SessionLimitError,
     SessionLostError,
 )
+from retool_exec.backends import local as local_module
 from retool_exec.backends.local import LocalSubprocessBackend, _is_fork_copy, _kill_group
 from tests.conftest import backend_config
 
@@ -699,6 +700,28 @@ class TestLocalSessions:
                 assert sum(map(len, error["traceback"])) <= 2 * cap + 100
                 assert error["traceback"][-1].rstrip().endswith(("x", "\U0001f600", "exceeded"))
             assert value(session, "6 * 7") == 42
+
+    def test_a_fork_of_a_huge_sparse_file_is_refused_at_once(self, local_sandbox: Sandbox) -> None:
+        """A 2 GiB hole costs the parent no disk; the fork once wrote it all out, 7.8 s."""
+        with local_sandbox.session() as session:
+            session.run_code("import os\nwith open('hole', 'wb') as f:\n    f.truncate(2 << 30)")
+            started = time.monotonic()
+            with pytest.raises(SessionError, match="more than 1024 MiB"):
+                session.fork()
+            assert time.monotonic() - started < SLACK
+            assert value(session, "os.path.getsize('hole')") == 2 << 30  # the parent lives
+
+    def test_a_fork_of_too_many_names_is_refused(
+        self, local_sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(local_module, "FORK_COPY_ENTRIES", 50)
+        with local_sandbox.session() as session:
+            session.run_code("import os\nfor i in range(60): open(f'f{i}', 'w').close()")
+            with pytest.raises(SessionError, match="50 names"):
+                session.fork()
+            session.run_code("import os\nfor i in range(20): os.remove(f'f{i}')")
+            with session.fork() as branch:
+                assert value(branch, "len(os.listdir())") == 40
 
     def test_auto_print_does_not_change_what_a_cell_displays(self) -> None:
         sandbox = Sandbox(backend_config("local"), auto_print=True)
