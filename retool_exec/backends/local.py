@@ -88,7 +88,7 @@ import socket
 import stat
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from typing import IO, Any, TypeGuard
 
 from retool_exec._errors import SessionError, SessionLostError
@@ -1332,7 +1332,7 @@ class _LocalSession(SessionHandle):
                 raise SessionError(f"the fork failed: {str(ack.get('reason'))[:300]}")
             hello = await _await_message(loop, ours, copy.exited)
             pid = hello.get("pid") if hello is not None else None
-            if not _is_fork_copy(pid, self.pid):
+            if not _is_fork_copy(pid, {session.pid for session in self._backend._sessions}):
                 raise SessionError("the fork failed: the copy did not start")
             copy.pid = pid
         except BaseException:
@@ -1604,15 +1604,15 @@ def _is_pid(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and 1 < value <= _PID_MAX
 
 
-def _is_fork_copy(pid: object, parent: int) -> TypeGuard[int]:
+def _is_fork_copy(pid: object, taken: Collection[int]) -> TypeGuard[int]:
     """Whether ``pid``, as a fork's copy reported it, names a live session leader that is
-    neither this process nor the session it was forked from.
+    neither this process nor a session it already knows (``taken``: the parent, siblings).
 
     The copy's report comes from code the cell can reach; the host kills the copy's
     process group by this number later, so a number that would crash the kill, or
     point it at the parent session or the host, must not be taken.
     """
-    if not _is_pid(pid) or pid in (os.getpid(), parent):
+    if not _is_pid(pid) or pid == os.getpid() or pid in taken:
         return False
     try:
         with open(f"/proc/{pid}/stat") as handle:

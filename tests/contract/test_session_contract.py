@@ -639,16 +639,17 @@ class TestLocalSessions:
             gc.collect()  # a socket left open fails the test here (ResourceWarning)
 
     @pytest.mark.parametrize(
-        "forged", ["2 ** 70", "-1", "1", "True", "'12'", "parent", "host", "None"]
+        "forged", ["2 ** 70", "-1", "1", "True", "'12'", "parent", "sibling", "host", "None"]
     )
     def test_a_fork_whose_hello_is_forged_fails_and_leaves_nothing(
         self, local_sandbox: Sandbox, forged: str
     ) -> None:
         """The copy's hello is made by code the cell can reach (here json.dumps): a pid
         that is not a live session leader of its own is refused, not killed later."""
-        with local_sandbox.session() as session:
+        with local_sandbox.session() as session, local_sandbox.session() as sibling:
             parent = value(session, "import os\nos.getpid()")
-            lie = {"parent": str(parent), "host": str(os.getpid())}.get(forged, forged)
+            known = {"parent": parent, "sibling": value(sibling, "import os\nos.getpid()")}
+            lie = {**known, "host": os.getpid()}.get(forged, forged)
             session.run_code(
                 "import json\n_dumps = json.dumps\n"
                 f"json.dumps = lambda m, *a, **k: _dumps({{'pid': {lie}}} if 'pid' in m else m)"
@@ -656,6 +657,7 @@ class TestLocalSessions:
             with pytest.raises(SessionError, match="the copy did not start"):
                 session.fork()
             assert value(session, "os.getpid()") == parent  # the parent lives on
+            assert value(sibling, "os.getpid()") == known["sibling"]
         gc.collect()
 
     def test_an_oversized_answer_ends_the_session_at_once(self, local_sandbox: Sandbox) -> None:
@@ -739,20 +741,20 @@ class TestLocalSessions:
 def test_a_fork_copy_is_a_live_session_leader_other_than_the_host_and_its_parent() -> None:
     with subprocess.Popen([sys.executable, "-c", "input()"], stdin=subprocess.PIPE) as member:
         try:
-            assert not _is_fork_copy(member.pid, os.getpid())  # in our session, no leader
+            assert not _is_fork_copy(member.pid, set())  # in our session, no leader
         finally:
             member.kill()
     with subprocess.Popen(
         [sys.executable, "-c", "input()"], stdin=subprocess.PIPE, start_new_session=True
     ) as copy:
         try:
-            assert _is_fork_copy(copy.pid, os.getpid())
-            assert not _is_fork_copy(copy.pid, copy.pid)  # the parent session itself
+            assert _is_fork_copy(copy.pid, set())
+            assert not _is_fork_copy(copy.pid, {copy.pid})  # a session already known
         finally:
             copy.kill()
-    assert not _is_fork_copy(copy.pid, os.getpid())  # gone
+    assert not _is_fork_copy(copy.pid, set())  # gone
     for number in (os.getpid(), 1, 0, -5, 2**70, True, "7", None, 7.0):
-        assert not _is_fork_copy(number, 0)
+        assert not _is_fork_copy(number, set())
 
 
 def test_killing_a_group_by_a_number_that_is_no_pid_does_nothing() -> None:
