@@ -197,13 +197,19 @@ _NOTEBOOK = (
     "        kept = text[-cap:] if cap > 0 else ''\n"
     "        return f'[... truncated {{len(text) - cap}} chars ...]\\n{{kept}}'\n"
     "    def tail(lines):\n"
-    "        kept, total = [], 0\n"
-    "        for line in reversed(lines[-200:]):\n"
-    "            line = cut(line)\n"
-    "            if kept and total + len(line) > cap:\n"
+    "        lines = [cut(line) for line in lines[-200:]]\n"
+    "        kept, total = lines[-1:], 0\n"
+    "        for line in reversed(lines[:-1]):\n"
+    "            if total + len(line) > cap:\n"
     "                break\n"
     "            kept.append(line)\n"
     "            total += len(line)\n"
+    "        left = len(lines) - len(kept)\n"
+    "        header = left > 0 and lines[0].startswith('Traceback')\n"
+    "        if left > header:\n"
+    "            kept.append(f'  [... {{left - header}} more lines of the traceback ...]\\n')\n"
+    "        if header:\n"
+    "            kept.append(lines[0])\n"
     "        return kept[::-1]\n"
     "    def run_cell(index, source):\n"
     "        filename = f'<cell {{index + 1}}>'\n"
@@ -335,13 +341,21 @@ def _retool_session():
         return f'[... truncated {len(text) - cap} chars ...]\n{kept}'
 
     def tail(lines):
-        kept, total = [], 0
-        for line in reversed(lines[-200:]):
-            line = cut(line)
-            if kept and total + len(line) > cap:
+        # The exception's own line, then the newest lines that fit in the cap, and the
+        # header with a count of those left out: never more than about two caps.
+        lines = [cut(line) for line in lines[-200:]]
+        kept, total = lines[-1:], 0
+        for line in reversed(lines[:-1]):
+            if total + len(line) > cap:
                 break
             kept.append(line)
             total += len(line)
+        left = len(lines) - len(kept)
+        header = left > 0 and lines[0].startswith('Traceback')
+        if left > header:
+            kept.append(f'  [... {left - header} more lines of the traceback ...]\n')
+        if header:
+            kept.append(lines[0])
         return kept[::-1]
 
     def own_frames_out(tb):
@@ -1284,8 +1298,11 @@ class _LocalSession(SessionHandle):
         try:
             await asyncio.shield(copying)
         except BaseException as exc:
-            # A cancelled copy goes on in its thread: remove the directory once it is done.
-            copying.add_done_callback(lambda _task: _remove_tree(workdir))
+            # A cancelled copy goes on in its thread: remove the directory once it is done,
+            # in a thread too (up to FORK_COPY_ENTRIES names: never on the loop).
+            copying.add_done_callback(
+                lambda _task: loop.run_in_executor(None, _remove_tree, workdir)
+            )
             if isinstance(exc, _ForkTooLarge):
                 raise SessionError(f"the fork failed: {exc}") from exc
             if isinstance(exc, OSError):
@@ -1301,6 +1318,7 @@ class _LocalSession(SessionHandle):
 
     async def _fork_process(self, loop: asyncio.AbstractEventLoop, workdir: str) -> _LocalSession:
         ours, theirs = socket.socketpair()
+        channel_inode = os.fstat(theirs.fileno()).st_ino  # the copy holds this socket
         status_r, status_w = os.pipe()
         payload = os.fsencode(workdir)
         header = _CMD_FORK.to_bytes(4, "big") + len(payload).to_bytes(4, "big")
@@ -1332,7 +1350,8 @@ class _LocalSession(SessionHandle):
                 raise SessionError(f"the fork failed: {str(ack.get('reason'))[:300]}")
             hello = await _await_message(loop, ours, copy.exited)
             pid = hello.get("pid") if hello is not None else None
-            if not _is_fork_copy(pid, {session.pid for session in self._backend._sessions}):
+            known = {session.pid for session in self._backend._sessions}
+            if not _is_fork_copy(pid, known, channel_inode):
                 raise SessionError("the fork failed: the copy did not start")
             copy.pid = pid
         except BaseException:
@@ -1604,22 +1623,35 @@ def _is_pid(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and 1 < value <= _PID_MAX
 
 
-def _is_fork_copy(pid: object, taken: Collection[int]) -> TypeGuard[int]:
-    """Whether ``pid``, as a fork's copy reported it, names a live session leader that is
-    neither this process nor a session it already knows (``taken``: the parent, siblings).
+def _is_fork_copy(pid: object, taken: Collection[int], channel_inode: int) -> TypeGuard[int]:
+    """Whether ``pid``, as a fork's copy reported it, is the copy in the kernel's words:
+    a live session leader holding the copy's end of its channel (socket ``channel_inode``),
+    neither this process nor a session the backend knows (``taken``).
 
-    The copy's report comes from code the cell can reach; the host kills the copy's
-    process group by this number later, so a number that would crash the kill, or
-    point it at the parent session or the host, must not be taken.
+    The report comes from code the cell can reach; the host kills the copy's process
+    group by this number later, so a number that would crash the kill, or point it at
+    another session, the host, or any other process of this user, must not be taken.
+    Linux only (``/proc``), like the rest of the local backend's process handling.
     """
     if not _is_pid(pid) or pid == os.getpid() or pid in taken:
         return False
     try:
         with open(f"/proc/{pid}/stat") as handle:
             fields = handle.read().rpartition(")")[2].split()
+        if len(fields) <= 3 or fields[3] != str(pid):  # the copy called setsid()
+            return False
+        held = f"socket:[{channel_inode}]"
+        with os.scandir(f"/proc/{pid}/fd") as entries:
+            return any(_link(entry.path) == held for entry in entries)
     except OSError:
         return False
-    return len(fields) > 3 and fields[3] == str(pid)  # the copy called setsid()
+
+
+def _link(path: str) -> str | None:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
 
 
 def _kill_group(pid: int) -> None:

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import gc
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -639,17 +640,25 @@ class TestLocalSessions:
             gc.collect()  # a socket left open fails the test here (ResourceWarning)
 
     @pytest.mark.parametrize(
-        "forged", ["2 ** 70", "-1", "1", "True", "'12'", "parent", "sibling", "host", "None"]
+        "forged",
+        ["2 ** 70", "-1", "1", "True", "'12'", "parent", "sibling", "stranger", "host", "None"],
     )
     def test_a_fork_whose_hello_is_forged_fails_and_leaves_nothing(
         self, local_sandbox: Sandbox, forged: str
     ) -> None:
         """The copy's hello is made by code the cell can reach (here json.dumps): a pid
         that is not a live session leader of its own is refused, not killed later."""
-        with local_sandbox.session() as session, local_sandbox.session() as sibling:
+        stranger = subprocess.Popen(  # another session leader of this user
+            [sys.executable, "-c", "input()"], stdin=subprocess.PIPE, start_new_session=True
+        )
+        with (
+            stranger,
+            local_sandbox.session() as session,
+            local_sandbox.session() as sibling,
+        ):
             parent = value(session, "import os\nos.getpid()")
             known = {"parent": parent, "sibling": value(sibling, "import os\nos.getpid()")}
-            lie = {**known, "host": os.getpid()}.get(forged, forged)
+            lie = {**known, "host": os.getpid(), "stranger": stranger.pid}.get(forged, forged)
             session.run_code(
                 "import json\n_dumps = json.dumps\n"
                 f"json.dumps = lambda m, *a, **k: _dumps({{'pid': {lie}}} if 'pid' in m else m)"
@@ -658,6 +667,8 @@ class TestLocalSessions:
                 session.fork()
             assert value(session, "os.getpid()") == parent  # the parent lives on
             assert value(sibling, "os.getpid()") == known["sibling"]
+            assert stranger.poll() is None
+            stranger.kill()
         gc.collect()
 
     def test_an_oversized_answer_ends_the_session_at_once(self, local_sandbox: Sandbox) -> None:
@@ -699,8 +710,10 @@ class TestLocalSessions:
                 result = session.run_code(code)
                 [error] = result.cells[0].error
                 assert error["ename"] == ename and result.outcome is Outcome.ERROR, result
-                assert sum(map(len, error["traceback"])) <= 2 * cap + 100
-                assert error["traceback"][-1].rstrip().endswith(("x", "\U0001f600", "exceeded"))
+                trace = error["traceback"]
+                assert sum(map(len, trace)) <= 2 * cap + 200
+                assert trace[0] == "Traceback (most recent call last):\n"
+                assert trace[-1].rstrip().endswith(("x", "\U0001f600", "exceeded"))
             assert value(session, "6 * 7") == 42
 
     def test_a_fork_of_a_huge_sparse_file_is_refused_at_once(self, local_sandbox: Sandbox) -> None:
@@ -738,23 +751,33 @@ class TestLocalSessions:
             sandbox.open_session()
 
 
-def test_a_fork_copy_is_a_live_session_leader_other_than_the_host_and_its_parent() -> None:
-    with subprocess.Popen([sys.executable, "-c", "input()"], stdin=subprocess.PIPE) as member:
-        try:
-            assert not _is_fork_copy(member.pid, set())  # in our session, no leader
-        finally:
-            member.kill()
-    with subprocess.Popen(
-        [sys.executable, "-c", "input()"], stdin=subprocess.PIPE, start_new_session=True
-    ) as copy:
-        try:
-            assert _is_fork_copy(copy.pid, set())
-            assert not _is_fork_copy(copy.pid, {copy.pid})  # a session already known
-        finally:
-            copy.kill()
-    assert not _is_fork_copy(copy.pid, set())  # gone
-    for number in (os.getpid(), 1, 0, -5, 2**70, True, "7", None, 7.0):
-        assert not _is_fork_copy(number, set())
+def test_a_fork_copy_is_a_live_session_leader_holding_its_channel() -> None:
+    ours, theirs = socket.socketpair()
+    inode = os.fstat(theirs.fileno()).st_ino
+
+    def start(*, leader: bool, holds: bool) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-c", "input()"],
+            stdin=subprocess.PIPE,
+            start_new_session=leader,
+            pass_fds=(theirs.fileno(),) if holds else (),
+        )
+
+    with ours, theirs:
+        for leader, holds, copy_like in [
+            (True, True, True),
+            (False, True, False),
+            (True, False, False),
+        ]:
+            with start(leader=leader, holds=holds) as process:
+                try:
+                    assert _is_fork_copy(process.pid, set(), inode) is copy_like
+                    assert not _is_fork_copy(process.pid, {process.pid}, inode)  # known
+                finally:
+                    process.kill()
+            assert not _is_fork_copy(process.pid, set(), inode)  # gone
+        for number in (os.getpid(), 1, 0, -5, 2**70, True, "7", None, 7.0):
+            assert not _is_fork_copy(number, set(), inode)
 
 
 def test_killing_a_group_by_a_number_that_is_no_pid_does_nothing() -> None:
