@@ -17,11 +17,12 @@ never replaced by a fresh interpreter behind the caller's back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
-from retool_exec._errors import SessionLostError
+from retool_exec._errors import SandboxClosedError, SessionLostError
 from retool_exec._formatting import MAX_OUTPUT_CHARS
 from retool_exec._models import ExecResult
 from retool_exec.backends.base import SessionHandle
@@ -133,14 +134,17 @@ class Session:
         return self._closed
 
     def close(self) -> None:
-        """End the interpreter. Idempotent; the Sandbox closes what is left open."""
+        """End the interpreter. Idempotent; the Sandbox closes what is left open (so
+        closing a session of a closed Sandbox, even one closing now, does nothing)."""
         if not self._closed:
-            self._sandbox._call_in_loop(self.aclose_in_loop())
+            with contextlib.suppress(SandboxClosedError):
+                self._sandbox._call_in_loop(self.aclose_in_loop())
 
     async def aclose(self) -> None:
         """Async ``close``."""
         if not self._closed:
-            await self._sandbox._acall_in_loop(self.aclose_in_loop())
+            with contextlib.suppress(SandboxClosedError):
+                await self._sandbox._acall_in_loop(self.aclose_in_loop())
 
     async def aclose_in_loop(self, reason: str | None = None) -> None:
         """End the interpreter. A close that has begun runs to its end even if its caller

@@ -83,11 +83,15 @@ def allocate_sandbox_uid(client: docker.DockerClient) -> int:
     raise RuntimeError("no free sandbox uid")
 
 
-def _undo_result(done: Future[T], undo: Callable[[T], object]) -> None:
-    """Hand a finished thread's result to ``undo`` (nothing when it failed or never ran)."""
-    if done.cancelled() or done.exception() is not None:
-        return
+def _undo_result(
+    done: Future[T], undo: Callable[[T], object], nothing: Callable[[], object]
+) -> None:
+    """Hand a finished thread's result to ``undo`` (``nothing()`` when it failed or never
+    ran)."""
     try:
+        if done.cancelled() or done.exception() is not None:
+            nothing()
+            return
         undo(done.result())
     except Exception:  # a thread's callback: nobody could catch it
         log.warning("could not undo an abandoned container start", exc_info=True)
@@ -213,15 +217,21 @@ class ContainerFactory:
     async def _blocking(self, func: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._threads, func)
 
-    async def _blocking_owned(self, func: Callable[[], T], undo: Callable[[T], object]) -> T:
+    async def _blocking_owned(
+        self,
+        func: Callable[[], T],
+        undo: Callable[[T], object],
+        nothing: Callable[[], object] = lambda: None,
+    ) -> T:
         """``_blocking`` for work that makes something to own (a uid; a container and its
         socket). A caller cancelled first cannot take it, so ``undo`` gets it in the
-        worker thread once it is made, even after this loop has closed."""
+        worker thread once it is made, even after this loop has closed (``nothing``
+        runs instead when the work failed or never ran)."""
         work = self._threads.submit(func)
         try:
             return await asyncio.wrap_future(work)
         except asyncio.CancelledError:
-            work.add_done_callback(lambda done: _undo_result(done, undo))
+            work.add_done_callback(lambda done: _undo_result(done, undo, nothing))
             raise
 
     async def create(self) -> SandboxContainer:
@@ -236,8 +246,12 @@ class ContainerFactory:
         )
         try:
             container_id, raw_socket = await self._blocking_owned(
-                lambda: self._create_sync(name, uid), self._undo_create
+                lambda: self._create_sync(name, uid),
+                lambda made: self._undo_create(made, uid),
+                lambda: release_sandbox_uid(uid),
             )
+        except asyncio.CancelledError:
+            raise  # the uid is released with what the thread made, once it is removed
         except BaseException:
             release_sandbox_uid(uid)
             raise
@@ -258,10 +272,13 @@ class ContainerFactory:
             raise
         return SandboxContainer(id=container_id, channel=channel, ready=ready, sandbox_uid=uid)
 
-    def _undo_create(self, made: tuple[str, socket.socket]) -> None:
+    def _undo_create(self, made: tuple[str, socket.socket], uid: int) -> None:
         container_id, raw_socket = made
         raw_socket.close()
-        remove_container(self.client, container_id)
+        try:
+            remove_container(self.client, container_id)
+        finally:
+            release_sandbox_uid(uid)  # after: until then the container's label holds it
 
     def _create_sync(self, name: str, uid: int) -> tuple[str, socket.socket]:
         api = self.client.api
@@ -340,7 +357,13 @@ class ContainerFactory:
             if then is not None:
                 then()
             return
-        await asyncio.shield(asyncio.wrap_future(work))
+        try:
+            await asyncio.shield(asyncio.wrap_future(work))
+        except asyncio.CancelledError:
+            if not work.cancelled():
+                raise  # our caller was cancelled; the removal goes on in its thread
+            if then is not None:  # the executor shut down before it ran: swept by label
+                then()
 
     async def oom_killed(
         self, container_id: str, settle: float = 6.0, after_exit: float = 1.0

@@ -152,8 +152,8 @@ class RayBackend(Backend):
                 return await ref
         except TimeoutError as exc:
             self._cancel(ref)
-            assert self._fleet is not None
-            self._fleet.restart(node, f"a call got no answer within {budget:.0f} s")
+            if self._fleet is not None:  # else closed meanwhile: nothing to restart
+                self._fleet.restart(node, f"a call got no answer within {budget:.0f} s")
             reason = f"no answer within {budget:.0f} s (its actor was restarted)"
             raise NodeLostError(reason) from exc
         except asyncio.CancelledError:
