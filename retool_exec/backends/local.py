@@ -1442,6 +1442,20 @@ def _copy_tree(source: str, target: str) -> None:
                 f"{FORK_COPY_ENTRIES} names, a local fork's most"
             )
 
+    # Measured first, stopping at the limit: copytree lists a whole directory before
+    # its ignore= hook sees it (millions of names would all be listed). Spent again
+    # while copying, since the parent's threads may still be writing.
+    pending = [source]
+    while pending:
+        with os.scandir(pending.pop()) as entries:
+            for entry in entries:
+                spend("entries", 1)
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    spend("bytes", entry.stat(follow_symlinks=False).st_size)
+    left.update(bytes=FORK_COPY_BYTES, entries=FORK_COPY_ENTRIES)
+
     def count(_directory: str, names: list[str]) -> list[str]:
         spend("entries", len(names))
         return []
