@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 from collections.abc import Iterator
+from typing import TypeVar
 
 import pytest
 from hypothesis import given, settings
@@ -13,12 +15,24 @@ from hypothesis import strategies as st
 from retool_exec._handoff import Handoff, Slots
 from retool_exec._portal import LoopThread
 
+T = TypeVar("T")
+
 
 @pytest.fixture
 def other_loop() -> Iterator[LoopThread]:
     thread = LoopThread(name="test-handoff")
     yield thread
     thread.stop()
+
+
+def waiting_on(
+    loop: LoopThread, handoff: Handoff[T], timeout: float | None = None
+) -> concurrent.futures.Future[T]:
+    """A ``get`` on ``loop``, once it is waiting."""
+    waiting = loop.submit(handoff.get(timeout=timeout))
+    while not handoff._waiters:
+        threading.Event().wait(0.001)
+    return waiting
 
 
 def test_items_come_out_in_the_order_they_went_in() -> None:
@@ -35,10 +49,7 @@ def test_items_come_out_in_the_order_they_went_in() -> None:
 
 def test_a_waiter_on_another_loop_gets_an_item_put_from_this_one(other_loop: LoopThread) -> None:
     handoff: Handoff[str] = Handoff()
-    waiting = other_loop.submit(handoff.get(timeout=10))
-
-    while not handoff._waiters:
-        threading.Event().wait(0.001)
+    waiting = waiting_on(other_loop, handoff, timeout=10)
 
     async def main() -> None:
         handoff.put("container")  # from this loop to the waiter's
@@ -106,9 +117,7 @@ def test_an_item_on_its_way_to_a_waiter_of_another_loop_that_left_is_passed_on(
     """The waiter's loop is busy while it is cancelled and an item is put for it: the
     cancellation runs first there, so the item arrives for a waiter that left."""
     handoff: Handoff[int] = Handoff()
-    gone = other_loop.submit(handoff.get())
-    while not handoff._waiters:
-        threading.Event().wait(0.001)
+    gone = waiting_on(other_loop, handoff)
     busy, free = threading.Event(), threading.Event()
 
     def block() -> None:
@@ -144,9 +153,7 @@ class Closed(Exception):
 def test_closing_fails_every_waiter_now_and_later(other_loop: LoopThread) -> None:
     """A closing pool's waiters once waited out their whole timeout (60 s by default)."""
     handoff: Handoff[str] = Handoff()
-    elsewhere = other_loop.submit(handoff.get(timeout=30))
-    while not handoff._waiters:
-        threading.Event().wait(0.001)
+    elsewhere = waiting_on(other_loop, handoff, timeout=30)
 
     async def main() -> None:
         here = asyncio.ensure_future(handoff.get(timeout=30))
