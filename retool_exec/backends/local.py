@@ -55,7 +55,7 @@ boundary: a session is a host process of the host user.
   The process ending (``os._exit``, a signal) loses the session; the result
   gives its exit status. A call cancelled while its cell runs kills the
   session too (its answer would arrive out of step).
-- ``fork()`` copies the working directory first (``shutil.copytree``, links
+- ``fork()`` copies the working directory first (``trees.copy_tree``, links
   copied as links, never followed; named pipes made anew; sockets left out),
   then sends "fork" with a new channel and the write end of a status pipe.
   The session forks twice: the first child exits at once (the session reaps
@@ -82,7 +82,6 @@ import inspect
 import json
 import math
 import os
-import shutil
 import signal
 import socket
 import stat
@@ -97,7 +96,7 @@ from retool_exec._models import CellResult, ExecResult, Outcome, classify_exit
 from retool_exec._output import TailBuffer, read_cap_bytes
 from retool_exec.backends.base import Backend, RunRequest, SessionHandle
 from retool_exec.backends.config import LocalConfig
-from retool_exec.backends.docker.agent import auto_print, wire
+from retool_exec.backends.docker.agent import auto_print, trees, wire
 
 __all__ = ["CHILD_ENV_OVERRIDES", "LocalSubprocessBackend"]
 
@@ -559,16 +558,23 @@ class LocalSubprocessBackend(Backend):
 
     async def run(self, request: RunRequest) -> ExecResult:
         started = time.perf_counter()
-        with contextlib.ExitStack() as cleanup:
-            try:
-                files = dict(request.files)
-                if request.script is not None:  # the code is also a file there
-                    files[request.script] = request.code.encode("utf-8", "surrogatepass")
-                workdir = _Workdir.create(files) if files or request.fetch else None
-            except OSError as exc:
-                return _failure(f"could not write the call's files: {exc}", started)
+        try:
+            files = dict(request.files)
+            if request.script is not None:  # the code is also a file there
+                files[request.script] = request.code.encode("utf-8", "surrogatepass")
+            workdir = _Workdir.create(files) if files or request.fetch else None
+        except OSError as exc:
+            return _failure(f"could not write the call's files: {exc}", started)
+        try:
+            return await self._run_in(request, started, workdir)
+        finally:
             if workdir is not None:
-                cleanup.callback(workdir.remove)
+                await _remove_in_a_thread(workdir)
+
+    async def _run_in(
+        self, request: RunRequest, started: float, workdir: _Workdir | None
+    ) -> ExecResult:
+        with contextlib.ExitStack() as cleanup:
             try:
                 stdin = _stdin_file(request.stdin)
             except OSError as exc:
@@ -1303,10 +1309,10 @@ class _LocalSession(SessionHandle):
             copying.add_done_callback(
                 lambda _task: loop.run_in_executor(None, _remove_tree, workdir)
             )
-            if isinstance(exc, _ForkTooLarge):
+            if isinstance(exc, trees.TooLarge):
                 raise SessionError(f"the fork failed: {exc}") from exc
-            if isinstance(exc, OSError):
-                raise SessionLostError(
+            if isinstance(exc, OSError):  # the parent is untouched: only this fork failed
+                raise SessionError(
                     f"the fork failed: could not copy the working directory: {exc}"
                 ) from exc
             raise
@@ -1423,54 +1429,12 @@ FORK_COPY_ENTRIES = 100_000
 """Most names (files, directories, links) a local fork copies."""
 
 
-class _ForkTooLarge(Exception):
-    """Not an OSError: copytree collects those per file and goes on copying."""
-
-
 def _copy_tree(source: str, target: str) -> None:
-    """Copy a session's working directory for a fork: links copied as links, never followed;
-    named pipes made anew; sockets left out (a socket cannot be copied). More than
-    ``FORK_COPY_BYTES`` or ``FORK_COPY_ENTRIES`` is refused (``_ForkTooLarge``): a cell's
+    """Copy a session's working directory for a fork (``trees.copy_tree``: no recursion,
+    links copied as links, named pipes made anew, sockets left out). More than
+    ``FORK_COPY_BYTES`` or ``FORK_COPY_ENTRIES`` is refused (``trees.TooLarge``): a cell's
     2 GiB hole once took the host 7.8 s and 2 GiB of disk, with no limit."""
-    left = {"bytes": FORK_COPY_BYTES, "entries": FORK_COPY_ENTRIES}
-
-    def spend(what: str, amount: int) -> None:
-        left[what] -= amount
-        if left[what] < 0:
-            raise _ForkTooLarge(
-                f"the working directory holds more than {FORK_COPY_BYTES >> 20} MiB or "
-                f"{FORK_COPY_ENTRIES} names, a local fork's most"
-            )
-
-    # Measured first, stopping at the limit: copytree lists a whole directory before
-    # its ignore= hook sees it (millions of names would all be listed). Spent again
-    # while copying, since the parent's threads may still be writing.
-    pending = [source]
-    while pending:
-        with os.scandir(pending.pop()) as entries:
-            for entry in entries:
-                spend("entries", 1)
-                if entry.is_dir(follow_symlinks=False):
-                    pending.append(entry.path)
-                elif entry.is_file(follow_symlinks=False):
-                    spend("bytes", entry.stat(follow_symlinks=False).st_size)
-    left.update(bytes=FORK_COPY_BYTES, entries=FORK_COPY_ENTRIES)
-
-    def count(_directory: str, names: list[str]) -> list[str]:
-        spend("entries", len(names))
-        return []
-
-    def copy(src: str, dst: str) -> None:
-        info = os.lstat(src)
-        if stat.S_ISFIFO(info.st_mode):
-            os.mkfifo(dst, stat.S_IMODE(info.st_mode))
-        elif not stat.S_ISSOCK(info.st_mode):
-            spend("bytes", info.st_size)
-            shutil.copy2(src, dst, follow_symlinks=False)
-
-    shutil.copytree(
-        source, target, symlinks=True, copy_function=copy, ignore=count, dirs_exist_ok=True
-    )
+    trees.copy_tree(source, target, max_bytes=FORK_COPY_BYTES, max_entries=FORK_COPY_ENTRIES)
 
 
 def _start_failure(capture: _Capture) -> str:
@@ -1613,19 +1577,20 @@ class _Workdir:
         _remove_tree(self.path)
 
 
+async def _remove_in_a_thread(workdir: _Workdir) -> None:
+    """Remove a call's directory off the loop: the code may have left a million names, and
+    the loop serves other calls. A cancelled caller does not stop the removal."""
+    removal = asyncio.ensure_future(asyncio.to_thread(workdir.remove))
+    try:
+        await asyncio.shield(removal)
+    except RuntimeError:  # the loop's executor is already shut down
+        workdir.remove()
+
+
 def _remove_tree(path: str) -> None:
-    """``rmtree`` that first reopens directories the code made unreadable; links never followed."""
-    if os.path.islink(path) or not os.path.isdir(path):
-        return  # the code moved its working directory away: nothing of ours is left there
-    with contextlib.suppress(OSError):
-        os.chmod(path, 0o700)
-    for top, dirs, _files in os.walk(path):
-        for name in dirs:
-            child = os.path.join(top, name)
-            if not os.path.islink(child):
-                with contextlib.suppress(OSError):
-                    os.chmod(child, 0o700)
-    shutil.rmtree(path, ignore_errors=True)
+    """Remove a directory the code wrote in (``trees.remove_tree``: no recursion, no link
+    followed, unreadable directories opened up); never raises."""
+    trees.remove_tree(path)
 
 
 # The kernel's PID_MAX_LIMIT: no pid on Linux is larger.

@@ -408,6 +408,29 @@ class TestBackendContract:
         assert set(result.fetch_errors) == {"nope.txt", "pipe", "adir", "adir/x"}
         assert all(result.fetch_errors.values())
 
+    def test_a_deep_tree_keeps_the_codes_own_outcome_and_is_removed(
+        self, sandbox: Sandbox, backend_id: str
+    ) -> None:
+        """The local backend's cleanup recursed: 3000 nested directories raised RecursionError
+        out of run_code (a sandbox_error over the server) and left the directory on the host
+        (thirteenth red-team round)."""
+        code = (
+            "import os, sys\n"
+            "print(os.getcwd())\n"
+            "with open('out.txt', 'w') as f:\n"
+            "    f.write('kept')\n"
+            "for _ in range(3000):\n"
+            "    os.mkdir('d')\n"
+            "    os.chdir('d')\n"
+            "os.chmod('.', 0)\n"
+            "sys.exit(3)\n"
+        )
+        result = sandbox.run_code(code, fetch=["out.txt"])
+        assert (result.outcome, result.returncode) == (Outcome.ERROR, 3), result
+        assert result.files == {"out.txt": b"kept"}, result
+        if backend_id == "local":
+            assert not os.path.exists(result.stdout.strip())
+
     def test_symlinks_planted_by_the_code_are_not_followed(self, sandbox: Sandbox) -> None:
         code = (
             "import os\n"

@@ -354,6 +354,46 @@ class TestSessionContract:
                 ) == ("parent", "nested", None, None)
                 assert value(branch, "read('branch_only.txt'), read('data.txt')") == ("b", "base")
 
+    def test_a_fork_copies_the_whole_directory_and_stays_where_the_cell_left_it(
+        self, sandbox: Sandbox
+    ) -> None:
+        """Docker forks once copied only the current directory: a cell's chdir('/') made
+        the fork copy the whole image into the family's memory."""
+        with sandbox.session() as session:
+            session.run_code(
+                "import os\nos.makedirs('sub')\nopen('top.txt', 'w').close()\nos.chdir('sub')"
+            )
+            with session.fork() as branch:
+                assert value(
+                    branch, "os.path.basename(os.getcwd()), os.path.exists('../top.txt')"
+                ) == ("sub", True)
+            session.run_code("os.chdir('/')")
+            with session.fork() as branch:
+                assert value(branch, "sorted(os.listdir())") == ["sub", "top.txt"]
+
+    def test_a_tree_too_deep_to_copy_fails_the_fork_not_the_session(self, sandbox: Sandbox) -> None:
+        """os.walk and shutil recurse: 3000 nested directories raised RecursionError out of
+        the local backend's fork and close, and left the directory on the host (thirteenth
+        red-team round). Copies stop at trees.MAX_DEPTH levels; removal has no limit."""
+        with sandbox.session() as session:
+            session.run_code(
+                "import os\n"
+                "os.mkdir('d')\n"
+                "fd = os.open('d', os.O_RDONLY)\n"
+                "for _ in range(3000):\n"
+                "    os.mkdir('d', dir_fd=fd)\n"
+                "    fd, old = os.open('d', os.O_RDONLY, dir_fd=fd), fd\n"
+                "    os.close(old)\n"
+                "os.close(fd)\n"
+                "kept = 41"
+            )
+            started = time.monotonic()
+            with pytest.raises(SessionError, match="64 levels") as raised:
+                session.fork()
+            assert not isinstance(raised.value, SessionLostError)
+            assert time.monotonic() - started < SLACK
+            assert value(session, "kept + 1") == 42  # the parent lives on
+
     def test_a_fork_continues_the_cell_numbering(self, sandbox: Sandbox) -> None:
         with sandbox.session() as session:
             session.run_code("a = 1")

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from retool_exec.backends.base import RunRequest
-from retool_exec.backends.docker.agent import reset, wire
+from retool_exec.backends.docker.agent import reset, trees, wire
 
 
 @given(st.text(max_size=300))
@@ -73,15 +73,15 @@ def _deep_tree(root: Path, depth: int, name: str) -> None:
 def test_reset_empties_a_1500_deep_tree_of_long_names_without_recursion(tmp_path: Path) -> None:
     _deep_tree(tmp_path, 1500, "d" * 200)  # 300,000 characters of path: past PATH_MAX
     (tmp_path / "link").symlink_to("/etc")
-    reset.empty_directory(str(tmp_path), time.monotonic() + 30)
+    trees.empty_directory(str(tmp_path), time.monotonic() + 30)
     assert os.listdir(tmp_path) == []
     assert Path("/etc/hostname").exists() or Path("/etc").is_dir()  # the link was not followed
 
 
 def test_reset_gives_up_at_its_budget(tmp_path: Path) -> None:
     _deep_tree(tmp_path, 300, "d")
-    with pytest.raises(reset.BudgetExceeded):
-        reset.empty_directory(str(tmp_path), time.monotonic() - 1)
+    with pytest.raises(trees.BudgetExceeded):
+        trees.empty_directory(str(tmp_path), time.monotonic() - 1)
 
 
 def test_baseline_comparison_names_what_is_not_back() -> None:

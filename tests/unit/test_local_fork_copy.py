@@ -1,16 +1,18 @@
-"""What a local fork copies of its parent's working directory, and where it stops."""
+"""What a fork copies of its parent's working directory, and where it stops
+(``trees.copy_tree``, used by the local backend and by Docker sessions), and the
+removal of what a call left, without recursion."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from retool_exec.backends import local
-from retool_exec.backends.local import _copy_tree, _ForkTooLarge
+from retool_exec.backends.docker.agent import trees
+from retool_exec.backends.local import _copy_tree
 
 
 def test_too_many_names_are_refused_before_the_directory_is_listed_in_full(
@@ -30,23 +32,27 @@ def test_too_many_names_are_refused_before_the_directory_is_listed_in_full(
         def __init__(self, path: Any) -> None:
             self._entries = real_scandir(path)
 
-        def __enter__(self) -> Iterator[os.DirEntry[str]]:
-            return self._iterate()
+        def __enter__(self) -> Counted:
+            return self
 
         def __exit__(self, *exc_info: object) -> None:
+            self.close()
+
+        def __iter__(self) -> Counted:
+            return self
+
+        def __next__(self) -> os.DirEntry[str]:
+            nonlocal seen
+            entry = next(self._entries)
+            seen += 1
+            return entry
+
+        def close(self) -> None:
             self._entries.close()
 
-        def __iter__(self) -> Iterator[os.DirEntry[str]]:
-            return self._iterate()
-
-        def _iterate(self) -> Iterator[os.DirEntry[str]]:
-            nonlocal seen
-            for entry in self._entries:
-                seen += 1
-                yield entry
-
     monkeypatch.setattr(os, "scandir", Counted)
-    with pytest.raises(_ForkTooLarge):
+    (tmp_path / "copy").mkdir()
+    with pytest.raises(trees.TooLarge):
         _copy_tree(str(source), str(tmp_path / "copy"))
     assert seen <= 11
 
@@ -57,8 +63,83 @@ def test_links_pipes_and_files_are_copied_within_the_limits(tmp_path: Path) -> N
     (source / "sub" / "data").write_bytes(b"x" * 100)
     (source / "link").symlink_to("/nonexistent")
     os.mkfifo(source / "fifo")
+    (tmp_path / "copy").mkdir()
     _copy_tree(str(source), str(tmp_path / "copy"))
     copy = tmp_path / "copy"
     assert (copy / "sub" / "data").read_bytes() == b"x" * 100
     assert os.readlink(copy / "link") == "/nonexistent"
     assert (copy / "fifo").is_fifo()
+
+
+def _nested(root: Path, depth: int, name: str = "d") -> None:
+    """``depth`` directories, one in the other, made by descriptor (past PATH_MAX too)."""
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        for _ in range(depth):
+            os.mkdir(name, dir_fd=fd)
+            fd, old = os.open(name, os.O_RDONLY, dir_fd=fd), fd
+            os.close(old)
+        os.close(os.open("leaf", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd))
+    finally:
+        os.close(fd)
+
+
+def test_a_copy_keeps_modes_times_and_paths_past_path_max(tmp_path: Path) -> None:
+    source, copy = tmp_path / "parent", tmp_path / "copy"
+    source.mkdir()
+    copy.mkdir()
+    _nested(source, trees.MAX_DEPTH - 1, "n" * 200)  # 12,600 characters of path
+    (source / "ro").mkdir()
+    (source / "ro" / "f").write_bytes(b"data")
+    os.chmod(source / "ro" / "f", 0o640)
+    os.utime(source / "ro" / "f", ns=(1, 2_000_000_000))
+    os.chmod(source / "ro", 0o500)
+    try:
+        trees.copy_tree(str(source), str(copy))
+        assert (copy / "ro" / "f").read_bytes() == b"data"
+        info = os.stat(copy / "ro" / "f")
+        assert (info.st_mode & 0o777, info.st_mtime_ns) == (0o640, 2_000_000_000)
+        assert os.stat(copy / "ro").st_mode & 0o777 == 0o500
+        depth, fd = 0, os.open(copy, os.O_RDONLY)
+        while "leaf" not in os.listdir(fd):
+            fd, old = os.open("n" * 200, os.O_RDONLY, dir_fd=fd), fd
+            os.close(old)
+            depth += 1
+        os.close(fd)
+        assert depth == trees.MAX_DEPTH - 1
+    finally:
+        for root in (source, copy):
+            trees.remove_tree(str(root))
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_tree_deeper_than_the_copy_holds_is_refused_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    source, copy = tmp_path / "parent", tmp_path / "copy"
+    source.mkdir()
+    copy.mkdir()
+    _nested(source, trees.MAX_DEPTH + 1)
+    with pytest.raises(trees.TooLarge, match=f"{trees.MAX_DEPTH} levels"):
+        trees.copy_tree(str(source), str(copy))
+    assert os.listdir(copy) == []
+
+
+def test_removal_has_no_depth_limit_and_never_raises(tmp_path: Path) -> None:
+    """3000 levels (past Python's recursion limit and PATH_MAX), unreadable directories
+    at the bottom and on the way, a link that must not be followed."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("mine")
+    doomed = tmp_path / "doomed"
+    doomed.mkdir()
+    _nested(doomed, 3000)
+    (doomed / "d" / "up").symlink_to(outside)
+    os.chmod(doomed / "d", 0)
+    trees.remove_tree(str(doomed))
+    assert not doomed.exists()
+    assert (outside / "keep").read_text() == "mine"
+    trees.remove_tree(str(doomed))  # gone already: nothing to do
+    (tmp_path / "file").write_text("x")
+    trees.remove_tree(str(tmp_path / "file"))  # not a directory: left alone
+    assert (tmp_path / "file").exists()

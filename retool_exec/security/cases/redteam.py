@@ -581,6 +581,29 @@ def _tree_gone(obs: Observation) -> bool:
     return bool(obs.follow_facts()["left"] == {"/tmp": [], "/dev/shm": []})
 
 
+_DEEP_WORKDIR = code("""
+    with open("out.txt", "w") as handle:
+        handle.write("kept")
+    for _ in range(3000):  # past Python's recursion limit and PATH_MAX
+        os.mkdir("d")
+        os.chdir("d")
+    os.chmod(".", 0)
+    print("a wrong answer")
+    sys.exit(3)
+""")
+
+
+def _own_failure_kept(obs: Observation) -> bool:
+    """The code's own exit status and its file, not an infrastructure failure."""
+    result = obs.result
+    return (
+        result.outcome is Outcome.ERROR
+        and result.returncode == 3
+        and result.files == {"out.txt": b"kept"}
+        and result.detail == ""
+    )
+
+
 # -- 4. host-global per-uid limits ---------------------------------------------------
 
 _INOTIFY_HOLD = code("""
@@ -752,6 +775,22 @@ CASES: tuple[Case, ...] = (
         reference="recursive cleaners fail past PATH_MAX and the recursion limit; " + RED_TEAM,
         local=Expect.HARMFUL,
         local_reason="would leave a tree in this host's /tmp deeper than its cleanup removes",
+    ),
+    Case(
+        id="proto-deep-working-directory",
+        klass=CaseClass.PROTOCOL,
+        title="a 3000-deep tree in the working directory leaves the call its own failure and "
+        "its fetched file",
+        code=_DEEP_WORKDIR,
+        inputs=CallInputs(fetch=("out.txt",)),
+        contained=_own_failure_kept,
+        severity=Severity.MEDIUM,
+        reference="the thirteenth red-team round (2026-12-04): the local backend's cleanup "
+        "recursed (os.walk, shutil.rmtree) and raised RecursionError out of run_code, which "
+        "the server answered as a sandbox error: a wrong answer made to look like our failure",
+        local=Expect.CONTAINED,
+        note="Contained: the call ends in its own error (exit status 3) with out.txt fetched; "
+        "the tree is removed without recursion.",
     ),
     Case(
         id="res-inotify-neighbour",

@@ -117,6 +117,32 @@ def _fork_unharmed(obs: Observation) -> bool:
     )
 
 
+def _fork_refused_parent_kept(obs: Observation) -> bool:
+    """The fork is refused as a fork's failure (not the family lost), and the parent's
+    next cell is its code's own result."""
+    refusal = obs.refused.get("fork:f", "")
+    try:
+        parent = obs.cell("parent-after")
+    except KeyError:
+        return False
+    return (
+        refusal.startswith("SessionError:")
+        and parent.outcome is Outcome.SUCCESS
+        and parent.stdout == "42\n"
+    )
+
+
+_NEST_3000 = """
+    x = 41
+    fd = os.open(".", os.O_RDONLY)
+    for _ in range(3000):
+        os.mkdir("d", dir_fd=fd)
+        fd, old = os.open("d", os.O_RDONLY, dir_fd=fd), fd
+        os.close(old)
+    os.close(fd)
+"""
+
+
 def _open(session: str) -> SessionStep:
     return SessionStep(StepAction.OPEN, session)
 
@@ -784,5 +810,26 @@ CASES: tuple[Case, ...] = (
         local=Expect.CONTAINED,
         note="Contained: the fork's cell prints 42 and the parent's next cell 41, both their "
         "code's own success.",
+    ),
+    Case(
+        id="res-session-fork-deep-tree",
+        klass=CaseClass.RESOURCES,
+        title="a session's 3000-deep directory fails its fork explicitly; the parent and its "
+        "family live on",
+        code="",
+        session_steps=(
+            _open("s"),
+            _cell("s", "nest", _NEST_3000),
+            _fork("s", "f"),
+            _cell("s", "parent-after", "print(x + 1)\n"),
+        ),
+        contained=_fork_refused_parent_kept,
+        severity=Severity.MEDIUM,
+        reference="the thirteenth red-team round (2026-12-04): the fork's copy and the "
+        "session's close recursed (shutil, os.walk); on local the fork came back as the "
+        "session lost and the close raised RecursionError, leaving the directory on the host",
+        local=Expect.CONTAINED,
+        note="Contained: the fork is refused (SessionError: nested more than 64 levels) and "
+        "the parent's next cell prints 42.",
     ),
 )

@@ -10,8 +10,9 @@ namespace, the supervisor's own descriptors) and
 after each reset ``compare()`` says what is not back within a stated
 tolerance. The host retires any container that is not.
 
-Removal is iterative, never recursive, and bounded in time: a hostile tree
-(very deep, very wide, long names) either goes or is reported.
+Removal (``trees.empty_directory``) is iterative, never recursive, and bounded
+in time: a hostile tree (very deep, very wide, long names) either goes or is
+reported.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import time
 from collections.abc import Sequence
 
 from . import wire
+from .trees import BudgetExceeded, empty_directory
 
 SPACE_TOLERANCE = 256 * 1024
 """Bytes of a scratch tmpfs that may stay used after a reset (tmpfs bookkeeping)."""
@@ -38,9 +40,6 @@ SETTLE_FIRST_PAUSE, SETTLE_LONGEST_PAUSE = 0.002, 0.02
 """Between two measurements of a reset that is not yet back to the baseline, doubling:
 what the kernel frees late (a socket after an RCU grace period) mostly takes a few ms,
 and the container serves nobody while its reset waits."""
-FLATTEN_DEPTH = 64
-"""Directories deeper than this are moved up to the scratch root before removal,
-so neither path length nor open descriptors grow with a tree's depth."""
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -87,95 +86,6 @@ def read_text(path: str) -> str:
             chunks.append(chunk)
     finally:
         os.close(fd)
-
-
-# -- removal --------------------------------------------------------------------------
-
-
-class BudgetExceeded(Exception):
-    """Cleaning took longer than its budget."""
-
-
-def empty_directory(root: str, deadline: float) -> None:
-    """Remove everything under ``root`` (kept itself), without recursion or symlink following.
-
-    A stack of open directory descriptors walks the tree; a directory found
-    deeper than FLATTEN_DEPTH is renamed into ``root`` first, so the stack
-    never grows past that depth, whatever the tree's shape or name lengths.
-    Passes repeat until ``root`` is empty or a pass removes nothing more.
-    """
-    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    try:
-        before: list[str] | None = None
-        while True:
-            names = sorted(os.listdir(root_fd))
-            if not names or names == before:
-                return
-            before = names
-            _one_pass(root_fd, deadline)
-    finally:
-        os.close(root_fd)
-
-
-def _one_pass(root_fd: int, deadline: float) -> None:
-    stack = [root_fd]
-    finished: set[int] = set()  # inodes of directories already emptied as far as possible
-    serial = 0
-    while stack:
-        if time.monotonic() > deadline:
-            for fd in stack[1:]:
-                os.close(fd)
-            raise BudgetExceeded(f"emptying took over {CLEAN_BUDGET:.0f}s")
-        fd = stack[-1]
-        descend_into = None
-        with os.scandir(fd) as entries:
-            for entry in entries:
-                name = entry.name
-                try:
-                    info = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
-                if not stat.S_ISDIR(info.st_mode):
-                    _quietly(os.unlink, name, dir_fd=fd)
-                    continue
-                _quietly(os.chmod, name, 0o700, dir_fd=fd, follow_symlinks=False)
-                try:
-                    os.rmdir(name, dir_fd=fd)
-                    continue
-                except OSError:
-                    if info.st_ino in finished:
-                        continue  # could not be emptied: verification reports it
-                if len(stack) >= FLATTEN_DEPTH:
-                    serial += 1
-                    _quietly(
-                        os.rename,
-                        name,
-                        f".flat-{serial}-{info.st_ino}",
-                        src_dir_fd=fd,
-                        dst_dir_fd=root_fd,
-                    )
-                    continue
-                descend_into = name
-                break
-        if descend_into is not None:
-            try:
-                stack.append(
-                    os.open(descend_into, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-                )
-            except OSError:
-                finished.add(os.stat(descend_into, dir_fd=fd, follow_symlinks=False).st_ino)
-            continue
-        stack.pop()
-        if fd != root_fd:
-            finished.add(os.fstat(fd).st_ino)
-            os.close(fd)  # its parent's scan starts over and removes it, now empty
-
-
-def _quietly(func, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-    try:
-        func(*args, **kwargs)
-    except OSError:
-        pass  # verification reports what could not be removed
 
 
 # -- SysV IPC -----------------------------------------------------------------------------

@@ -147,11 +147,31 @@ def fork_session(sid: int, new_sid: int) -> dict[str, Any]:
     copy = SessionProcess(0, events_r, ours, parent.cpu_seconds)
     pid = _copy_pid(ours)
     if pid is None or pid in {process.pid for process in table.values()}:
+        said = _fork_failure(events_r) if pid is None else None
         copy.close()
+        if said is not None:
+            return _refused(new_sid, f"the fork failed: {said}")
         return _refused(new_sid, "the fork did not start (out of memory or processes?)")
     copy.pid = pid
     table[new_sid] = copy
     return {"type": "session", "sid": new_sid, "ok": True}
+
+
+def _fork_failure(events_r: int) -> str | None:
+    """Why a copy that never announced itself gave up (its ``fork_failed`` event), if it said.
+
+    Only words for the caller's error message: the copy has run the session's code, and
+    nothing it says decides more than that this fork failed, which it did.
+    """
+    try:
+        os.set_blocking(events_r, False)
+        said = wire.FrameDecoder(max_frame=4096).feed(os.read(events_r, 4096))
+    except (OSError, wire.WireError):
+        return None
+    for event in said:
+        if event.get("type") == "fork_failed":
+            return str(event.get("reason", ""))[:300]
+    return None
 
 
 def close_session(sid: int) -> None:

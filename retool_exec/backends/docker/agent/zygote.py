@@ -38,7 +38,7 @@ import types
 from importlib.machinery import BuiltinImporter
 from typing import Any
 
-from . import forking, generators, identity, reset, wire
+from . import forking, generators, identity, reset, trees, wire
 from .auto_print import compile_auto_printed, stdlib_ast
 
 EVENTS_FD, REQUEST_FD, STARTED_FD = 3, 4, 5
@@ -836,8 +836,8 @@ def run_session(request_sock: socket.socket) -> int:
         elif kind == "fork" and len(fds) == 2:
             if _fork_session(*fds):
                 try:  # the copy's files are its own: a copy of the directory, in a new one
-                    _enter_workdir(str(message.get("workdir")), copy_from=os.getcwd())
-                except (OSError, ValueError) as exc:
+                    _enter_workdir(str(message.get("workdir")), copy_from=_Workdir.path)
+                except (OSError, ValueError, trees.TooLarge) as exc:
                     _send_event({"type": "fork_failed", "reason": str(exc)[:300]})
                     os._exit(70)
                 request_sock.send(FORKED_BYTE)  # its pid: the kernel's, not ours to say
@@ -846,17 +846,36 @@ def run_session(request_sock: socket.socket) -> int:
                 os.close(fd)
 
 
+class _Workdir:
+    """The session's own working directory: what a fork copies, wherever a cell chdir'd."""
+
+    path = ""
+
+
 def _enter_workdir(path: str, copy_from: str | None) -> None:
     """Make ``path`` this session's working directory (a copy of ``copy_from``'s files)."""
     if not path.startswith(wire.WORKDIR + "/") or ".." in path.split("/"):
         raise ValueError(f"bad session directory {path!r}")
-    if copy_from is None:
-        os.mkdir(path, 0o700)
-    else:
-        import shutil
-
-        shutil.copytree(copy_from, path, symlinks=True)  # links are copied, never followed
+    os.mkdir(path, 0o700)
+    where = "."
+    if copy_from is not None:
+        trees.copy_tree(copy_from, path)  # links are copied, never followed
+        where = _below(copy_from)
     os.chdir(path)
+    _Workdir.path = path
+    try:
+        os.chdir(where)  # where the parent's cell left it, in the copy
+    except OSError:
+        pass
+
+
+def _below(top: str) -> str:
+    """The current directory relative to ``top`` if it is under it, else ``"."``."""
+    try:
+        here = os.getcwd()
+    except OSError:  # gone, or past PATH_MAX
+        return "."
+    return os.path.relpath(here, top) if here.startswith(top + "/") else "."
 
 
 def _fork_session(events_w: int, request_fd: int) -> bool:

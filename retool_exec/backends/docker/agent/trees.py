@@ -1,0 +1,297 @@
+"""Removing and copying a directory tree a call wrote: no recursion, no link followed.
+
+Why not ``os.walk`` and ``shutil``: both recurse in Python (3.11), so a tree
+nested ~1000 deep raised RecursionError out of the local backend's cleanup and
+out of a session fork's copy (thirteenth red-team round), and both go by path,
+which stops at PATH_MAX. Here every step is relative to an open directory
+descriptor, and the descriptors held never grow past ``MAX_DEPTH`` levels.
+
+Used by the agent (the reset's removal, a session fork's copy) and by the local
+backend on the host, so the module keeps to Python 3.9 and the standard library.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from collections.abc import Callable
+from typing import Any
+
+MAX_DEPTH = 64
+"""Levels of directories held open at once: the remover moves deeper ones up to its root
+first; a copy refuses a deeper tree (``TooLarge``). Two descriptors a level, within a
+sandbox's smallest descriptor limit (256)."""
+
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class BudgetExceeded(Exception):
+    """Removal ran past its deadline."""
+
+
+class TooLarge(Exception):
+    """A tree is over a copy's limits. Not an OSError: callers tell it from a failed copy."""
+
+
+# -- removal -------------------------------------------------------------------------------
+
+
+def empty_directory(root: str, deadline: float) -> None:
+    """Remove everything under ``root`` (kept itself), without recursion or symlink following.
+
+    A stack of open directory descriptors walks the tree; a directory found
+    deeper than MAX_DEPTH is renamed into ``root`` first, so the stack never
+    grows past that depth, whatever the tree's shape or name lengths. Passes
+    repeat until ``root`` is empty or a pass removes nothing more.
+    """
+    root_fd = os.open(root, _DIRECTORY)
+    try:
+        before: list[str] | None = None
+        while True:
+            names = sorted(os.listdir(root_fd))
+            if not names or names == before:
+                return
+            before = names
+            _one_pass(root_fd, deadline)
+    finally:
+        os.close(root_fd)
+
+
+def remove_tree(path: str) -> None:
+    """Delete ``path`` and everything under it as far as possible; never raises.
+
+    Directories the code made unreadable are opened up first. What cannot be
+    removed stays (the caller has nothing better to do with the error).
+    """
+    try:
+        info = os.lstat(path)
+        if not stat.S_ISDIR(info.st_mode):
+            return  # the code moved its working directory away: nothing of ours is left there
+        _quietly(os.chmod, path, 0o700)
+        empty_directory(path, float("inf"))
+        os.rmdir(path)
+    except (OSError, BudgetExceeded):
+        pass
+
+
+def _one_pass(root_fd: int, deadline: float) -> None:
+    stack = [root_fd]
+    finished: set[int] = set()  # inodes of directories already emptied as far as possible
+    serial = 0
+    try:
+        while stack:
+            if time.monotonic() > deadline:
+                raise BudgetExceeded("emptying ran past its deadline")
+            fd = stack[-1]
+            descend_into = None
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    name = entry.name
+                    try:
+                        info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    if not stat.S_ISDIR(info.st_mode):
+                        _quietly(os.unlink, name, dir_fd=fd)
+                        continue
+                    _quietly(os.chmod, name, 0o700, dir_fd=fd, follow_symlinks=False)
+                    try:
+                        os.rmdir(name, dir_fd=fd)
+                        continue
+                    except OSError:
+                        if info.st_ino in finished:
+                            continue  # could not be emptied: verification reports it
+                    if len(stack) >= MAX_DEPTH:
+                        serial += 1
+                        _quietly(
+                            os.rename,
+                            name,
+                            f".flat-{serial}-{info.st_ino}",
+                            src_dir_fd=fd,
+                            dst_dir_fd=root_fd,
+                        )
+                        continue
+                    descend_into = name
+                    break
+            if descend_into is not None:
+                try:
+                    stack.append(os.open(descend_into, _DIRECTORY, dir_fd=fd))
+                except OSError:
+                    finished.add(os.stat(descend_into, dir_fd=fd, follow_symlinks=False).st_ino)
+                continue
+            stack.pop()
+            if fd != root_fd:
+                finished.add(os.fstat(fd).st_ino)
+                os.close(fd)  # its parent's scan starts over and removes it, now empty
+    finally:
+        for fd in stack[1:]:
+            os.close(fd)
+
+
+def _quietly(func: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+    try:
+        func(*args, **kwargs)
+    except (OSError, NotImplementedError):
+        pass  # verification reports what could not be removed
+
+
+# -- copying -------------------------------------------------------------------------------
+
+
+class _Budget:
+    """What a copy may still take: names, bytes (as files state their size) and levels."""
+
+    def __init__(self, max_bytes: int | None, max_entries: int | None) -> None:
+        self.max_bytes, self.max_entries = max_bytes, max_entries
+        self.bytes_left = max_bytes
+        self.entries_left = max_entries
+
+    def spend(self, entries: int = 0, size: int = 0) -> None:
+        if self.entries_left is not None:
+            self.entries_left -= entries
+        if self.bytes_left is not None:
+            self.bytes_left -= size
+        if (self.entries_left is not None and self.entries_left < 0) or (
+            self.bytes_left is not None and self.bytes_left < 0
+        ):
+            raise TooLarge(
+                f"the directory holds more than {_text(self.max_bytes, 20, 'MiB')} or "
+                f"{_text(self.max_entries, 0, 'names')}, a fork's most"
+            )
+
+
+def _text(limit: int | None, shift: int, unit: str) -> str:
+    return f"any number of {unit}" if limit is None else f"{limit >> shift} {unit}"
+
+
+def copy_tree(
+    source: str,
+    target: str,
+    *,
+    max_bytes: int | None = None,
+    max_entries: int | None = None,
+) -> None:
+    """Copy what is under ``source`` into the existing directory ``target``.
+
+    Directories and regular files (contents, mode and times), links as links
+    (never followed), named pipes made anew; sockets and devices are left out.
+    A tree over the limits (``max_bytes`` as files state their size, so a sparse
+    file counts in full; ``max_entries`` names; ``MAX_DEPTH`` levels) raises
+    ``TooLarge``: measured before anything is written, stopping at the limit,
+    and spent again while copying (the source may still be changing). A file
+    that grows while it is copied is copied up to the size it had.
+    """
+    source_fd = os.open(source, _DIRECTORY)
+    try:
+        _walk(source_fd, None, _Budget(max_bytes, max_entries))
+        target_fd = os.open(target, _DIRECTORY)
+        try:
+            _walk(source_fd, target_fd, _Budget(max_bytes, max_entries))
+        finally:
+            os.close(target_fd)
+    finally:
+        os.close(source_fd)
+
+
+def _walk(source_root: int, target_root: int | None, budget: _Budget) -> None:
+    """Measure the tree under ``source_root`` (``target_root`` None) or copy it there."""
+    # One frame a directory being read: (source fd, target fd, names left, its stat).
+    stack: list[tuple[int, int | None, Any, os.stat_result | None]] = [
+        (source_root, target_root, os.scandir(source_root), None)
+    ]
+    try:
+        while stack:
+            source, target, entries, info = stack[-1]
+            entry = next(entries, None)
+            if entry is None:
+                stack.pop()
+                entries.close()
+                if info is not None:  # a directory below the roots: ours to close
+                    if target is not None:
+                        os.fchmod(target, stat.S_IMODE(info.st_mode))
+                        os.utime(target, ns=(info.st_atime_ns, info.st_mtime_ns))
+                        os.close(target)
+                    os.close(source)
+                continue
+            budget.spend(entries=1)
+            child = _copy_entry(entry.name, source, target, budget, len(stack))
+            if child is not None:
+                stack.append(child)
+    finally:
+        for source, target, entries, info in stack:
+            entries.close()
+            if info is not None:
+                os.close(source)
+                if target is not None:
+                    os.close(target)
+
+
+def _copy_entry(
+    name: str, source: int, target: int | None, budget: _Budget, depth: int
+) -> tuple[int, int | None, Any, os.stat_result] | None:
+    """Copy one entry (or only measure it); a directory's frame to walk next, if it is one."""
+    try:
+        info = os.stat(name, dir_fd=source, follow_symlinks=False)
+    except FileNotFoundError:
+        return None  # gone since it was listed
+    mode = info.st_mode
+    if stat.S_ISDIR(mode):
+        if depth >= MAX_DEPTH:
+            raise TooLarge(f"the directory is nested more than {MAX_DEPTH} levels deep")
+        source_child = os.open(name, _DIRECTORY, dir_fd=source)
+        target_child = None
+        try:
+            if target is not None:
+                os.mkdir(name, 0o700, dir_fd=target)
+                target_child = os.open(name, _DIRECTORY, dir_fd=target)
+            return source_child, target_child, os.scandir(source_child), info
+        except BaseException:
+            os.close(source_child)
+            if target_child is not None:
+                os.close(target_child)
+            raise
+    if stat.S_ISREG(mode):
+        budget.spend(size=info.st_size)
+    if target is None:
+        return None  # only measuring
+    if stat.S_ISREG(mode):
+        _copy_file(name, source, target)
+    elif stat.S_ISLNK(mode):
+        os.symlink(os.readlink(name, dir_fd=source), name, dir_fd=target)
+        times = (info.st_atime_ns, info.st_mtime_ns)
+        _quietly(os.utime, name, ns=times, dir_fd=target, follow_symlinks=False)
+    elif stat.S_ISFIFO(mode):
+        os.mkfifo(name, stat.S_IMODE(mode), dir_fd=target)
+    return None  # a socket or a device: not copied
+
+
+def _copy_file(name: str, source: int, target: int) -> None:
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    reader = os.open(name, flags, dir_fd=source)
+    try:
+        info = os.fstat(reader)
+        if not stat.S_ISREG(info.st_mode):
+            return  # swapped for something else since it was measured
+        create = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        writer = os.open(name, create, 0o600, dir_fd=target)
+        try:
+            left = info.st_size
+            while left > 0:
+                chunk = os.read(reader, min(left, 1 << 20))
+                if not chunk:
+                    break
+                _write_all(writer, chunk)
+                left -= len(chunk)
+            os.fchmod(writer, stat.S_IMODE(info.st_mode))
+            os.utime(writer, ns=(info.st_atime_ns, info.st_mtime_ns))
+        finally:
+            os.close(writer)
+    finally:
+        os.close(reader)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
