@@ -30,6 +30,7 @@ from types import TracebackType
 from typing import Self
 
 import retool_exec
+from retool_exec.backends.docker.agent import trees
 from retool_exec.security.model import HostFacts
 
 __all__ = ["CANARY_NAME", "HostFixtures", "Leftover", "new_token"]
@@ -325,10 +326,4 @@ def _remove(path: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(path)
         return
-    for root, dirs, _ in os.walk(path):
-        for name in dirs:
-            child = os.path.join(root, name)
-            if not os.path.islink(child):
-                with contextlib.suppress(OSError):
-                    os.chmod(child, 0o700)
-    shutil.rmtree(path, ignore_errors=True)
+    trees.remove_tree(path)  # no recursion: a case may plant a tree thousands deep
