@@ -819,7 +819,7 @@ CASES: tuple[Case, ...] = (
         code="",
         session_steps=(
             _open("s"),
-            _cell("s", "nest", _NEST_3000),
+            _cell("s", "attack", _NEST_3000),
             _fork("s", "f"),
             _cell("s", "parent-after", "print(x + 1)\n"),
         ),
