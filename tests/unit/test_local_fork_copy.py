@@ -5,10 +5,13 @@ removal of what a call left, without recursion."""
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from retool_exec.backends import local
 from retool_exec.backends.docker.agent import trees
@@ -143,3 +146,62 @@ def test_removal_has_no_depth_limit_and_never_raises(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     trees.remove_tree(str(tmp_path / "file"))  # not a directory: left alone
     assert (tmp_path / "file").exists()
+
+
+_NAMES = st.text(
+    alphabet=st.characters(blacklist_characters="/\x00", blacklist_categories=("Cs",)),
+    min_size=1,
+    max_size=12,
+).filter(lambda name: name not in (".", ".."))
+_TREES = st.recursive(
+    st.one_of(st.binary(max_size=64), st.just("->link"), st.just("fifo")),
+    lambda children: st.dictionaries(_NAMES, children, max_size=4),
+    max_leaves=12,
+)
+
+
+def _build(path: Path, node: object) -> None:
+    if isinstance(node, dict):
+        path.mkdir()
+        for name, child in node.items():
+            _build(path / name, child)
+    elif node == "->link":
+        path.symlink_to("../elsewhere")
+    elif node == "fifo":
+        os.mkfifo(path)
+    else:
+        assert isinstance(node, bytes)
+        path.write_bytes(node)
+
+
+def _listing(root: Path) -> list[tuple[str, str, bytes | str | None]]:
+    found = []
+    for top, dirs, files in os.walk(root):  # shallow trees only: a test's own walk
+        for name in sorted(dirs + files):
+            path = Path(top) / name
+            relative = str(path.relative_to(root))
+            if path.is_symlink():
+                found.append((relative, "link", os.readlink(path)))
+            elif path.is_dir():
+                found.append((relative, "dir", None))
+            elif path.is_fifo():
+                found.append((relative, "fifo", None))
+            else:
+                found.append((relative, "file", path.read_bytes()))
+    return sorted(found)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(tree=st.dictionaries(_NAMES, _TREES, max_size=5))
+def test_a_copy_lists_the_same_as_its_source(tmp_path: Path, tree: dict[str, object]) -> None:
+    work = Path(tempfile.mkdtemp(dir=tmp_path))
+    try:
+        _build(work / "source", tree)
+        (work / "copy").mkdir()
+        trees.copy_tree(str(work / "source"), str(work / "copy"))
+        assert _listing(work / "copy") == _listing(work / "source")
+    finally:
+        trees.remove_tree(str(work))
+    assert not work.exists()

@@ -208,11 +208,14 @@ def _walk(source_root: int, target_root: int | None, budget: _Budget) -> None:
                 stack.pop()
                 entries.close()
                 if info is not None:  # a directory below the roots: ours to close
-                    if target is not None:
-                        os.fchmod(target, stat.S_IMODE(info.st_mode))
-                        os.utime(target, ns=(info.st_atime_ns, info.st_mtime_ns))
-                        os.close(target)
-                    os.close(source)
+                    try:
+                        if target is not None:
+                            os.fchmod(target, stat.S_IMODE(info.st_mode))
+                            os.utime(target, ns=(info.st_atime_ns, info.st_mtime_ns))
+                    finally:
+                        if target is not None:
+                            os.close(target)
+                        os.close(source)
                 continue
             budget.spend(entries=1)
             child = _copy_entry(entry.name, source, target, budget, len(stack))
