@@ -52,6 +52,7 @@ def test_the_session_cases_are_in_the_corpus() -> None:
         "proto-session-stops-reading",
         "proto-session-surrogate-value",
         "proto-session-fork-forged-pid",
+        "res-session-fork-deep-tree",
     }
     for case in SESSION_CASES:
         assert case.exclusive  # a family holds a container: not beside other cases

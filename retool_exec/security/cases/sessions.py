@@ -825,6 +825,7 @@ CASES: tuple[Case, ...] = (
         ),
         contained=_fork_refused_parent_kept,
         severity=Severity.MEDIUM,
+        exclusive=True,
         reference="the thirteenth red-team round (2026-12-04): the fork's copy and the "
         "session's close recursed (shutil, os.walk); on local the fork came back as the "
         "session lost and the close raised RecursionError, leaving the directory on the host",
