@@ -128,14 +128,15 @@ class DockerConfig(BackendConfigBase):
     """CPU time (``RLIMIT_CPU``) each call's process may use, ending it as ``cpu_limit``;
     None: the call's timeout + 5 s, the seed's backstop behind the wall clock (which
     only a process running threads on more than one CPU can reach)."""
-    loopback_tcp: bool | None = None
-    """Whether calls may use TCP (on their own loopback: there is no other network); a
-    refused TCP socket fails with EACCES (a ``PermissionError``). None: only under gVisor.
-    Why not under runc: a TCP connect's source port comes from a table the host kernel
-    shares between all containers, which calls in different containers, at any time
-    apart, used as a channel (docs/security.md, finding 30); gVisor keeps its own. UDP,
-    unix sockets and resolving ``localhost`` work everywhere. In ``reuse``, a call that
-    made TCP connections retires its container (they leave kernel state behind)."""
+    loopback_ip: bool | None = None
+    """Whether calls may open IP sockets, TCP and UDP (on their own loopback: there is no
+    other network); a refused one fails with EACCES (a ``PermissionError``). None: only
+    under gVisor. Why not under runc: there the host kernel keeps figures for all
+    containers at once that IP sockets move, which calls in different containers used
+    as channels: TCP's source-port table (docs/security.md, finding 30) and the socket
+    memory counts in ``/proc/net/sockstat`` (finding 36); gVisor keeps its own. Unix
+    sockets and resolving ``localhost`` work everywhere. In ``reuse``, a call that made
+    TCP connections retires its container (they leave kernel state behind)."""
     tmpfs_mb: int = Field(default=64, ge=1, le=1 << 16)
     """Size of the writable ``/tmp`` (a RAM-backed tmpfs, counted in the memory limit)."""
     tmpfs_inodes: int = Field(default=8192, ge=16)
@@ -215,9 +216,9 @@ class DockerConfig(BackendConfigBase):
         return self.image_spec if self.image_spec is not None else ImageSpec()
 
     @property
-    def tcp_allowed(self) -> bool:
-        """``loopback_tcp``, or where it is None, whether the runtime is gVisor."""
-        return is_gvisor(self.runtime) if self.loopback_tcp is None else self.loopback_tcp
+    def ip_allowed(self) -> bool:
+        """``loopback_ip``, or where it is None, whether the runtime is gVisor."""
+        return is_gvisor(self.runtime) if self.loopback_ip is None else self.loopback_ip
 
     @property
     def preload_modules(self) -> tuple[str, ...]:

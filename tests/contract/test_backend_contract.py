@@ -113,33 +113,37 @@ class TestBackendContract:
     def test_localhost_resolves_and_a_loopback_server_answers(
         self, backend_id: str, sandbox: Sandbox
     ) -> None:
-        """Code written for SandboxFusion resolves and uses ``localhost`` (issue 12.12), over
-        UDP everywhere and over TCP where the backend allows it: not under runc by default,
-        where a TCP connect moves a table every container on the host shares (finding 30);
-        a refused TCP socket is a plain PermissionError."""
+        """Code written for SandboxFusion resolves ``localhost`` everywhere (issue 12.12) and
+        talks over unix sockets everywhere, over UDP and TCP where the backend allows IP:
+        not under runc by default, where IP sockets move figures every container on the
+        host shares (findings 30 and 36); a refused IP socket is a plain PermissionError."""
         result = sandbox.run_code(
             "import socket\n"
-            "server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+            "print(socket.gethostbyname('localhost'))\n"
+            "a, b = socket.socketpair()\n"
+            "a.sendall(b'unix')\n"
+            "print(b.recv(4).decode())\n"
+            "try:\n"
+            "    server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+            "except PermissionError as exc:\n"
+            "    print('no ip', exc.errno)\n"
+            "    raise SystemExit\n"
             "server.bind(('localhost', 0))\n"
             "client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
             "client.sendto(b'ping', ('localhost', server.getsockname()[1]))\n"
-            "print(socket.gethostbyname('localhost'), server.recv(4).decode())\n"
-            "try:\n"
-            "    server = socket.socket()\n"
-            "except PermissionError as exc:\n"
-            "    print('no tcp', exc.errno)\n"
-            "else:\n"
-            "    server.bind(('localhost', 0))\n"
-            "    server.listen(1)\n"
-            "    port = server.getsockname()[1]\n"
-            "    client = socket.create_connection(('localhost', port), timeout=5)\n"
-            "    peer, _ = server.accept()\n"
-            "    client.sendall(b'pong')\n"
-            "    print(peer.recv(4).decode())\n"
+            "print(server.recv(4).decode())\n"
+            "server = socket.socket()\n"
+            "server.bind(('localhost', 0))\n"
+            "server.listen(1)\n"
+            "port = server.getsockname()[1]\n"
+            "client = socket.create_connection(('localhost', port), timeout=5)\n"
+            "peer, _ = server.accept()\n"
+            "client.sendall(b'pong')\n"
+            "print(peer.recv(4).decode())\n"
         )
         config = backend_config(backend_id)
-        tcp = not isinstance(config, DockerConfig) or config.tcp_allowed
-        expected = "127.0.0.1 ping\n" + ("pong\n" if tcp else "no tcp 13\n")
+        ip = not isinstance(config, DockerConfig) or config.ip_allowed
+        expected = "127.0.0.1\nunix\n" + ("ping\npong\n" if ip else "no ip 13\n")
         assert (result.outcome, result.stdout) == (Outcome.SUCCESS, expected), result
 
     def test_a_script_names_a_real_file_as_python_file_py_would(self, sandbox: Sandbox) -> None:

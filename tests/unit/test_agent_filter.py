@@ -19,7 +19,7 @@ from retool_exec.backends.docker.agent import supervisor
 ALLOW, DENY = agent.SECCOMP_RET_ALLOW, agent.SECCOMP_RET_ERRNO | agent.ENOSYS
 REFUSE = agent.SECCOMP_RET_ERRNO | agent.EPERM
 NO_FAMILY = agent.SECCOMP_RET_ERRNO | agent.EAFNOSUPPORT
-NO_STREAM = agent.SECCOMP_RET_ERRNO | agent.EACCES
+NO_IP = agent.SECCOMP_RET_ERRNO | agent.EACCES
 READ = {"x86_64": 0, "aarch64": 63}
 AF_UNIX, AF_INET, AF_INET6, AF_NETLINK, AF_PACKET, AF_ALG, AF_VSOCK = 1, 2, 10, 16, 17, 38, 40
 
@@ -49,7 +49,7 @@ def run_bpf(program: bytes, *, arch: int, nr: int, arg0: int = 0, arg1: int = 0)
     raise AssertionError("the program ran off its end")
 
 
-def expected(machine: str, nr: int, arg0: int, arg1: int, *, tcp: bool = True) -> int:
+def expected(machine: str, nr: int, arg0: int, arg1: int, *, ip: bool = True) -> int:
     """What the filter must answer on ``machine``'s native ABI, from the tables."""
     clone, clone3 = agent.CLONE_SYSCALLS[machine]
     if nr in agent.DENIED_SYSCALLS[machine] or nr == clone3:
@@ -59,9 +59,9 @@ def expected(machine: str, nr: int, arg0: int, arg1: int, *, tcp: bool = True) -
     if nr == clone:
         return REFUSE if arg0 & agent.CLONE_REFUSED else ALLOW
     if nr in agent.SOCKET_SYSCALLS[machine]:
-        family, kind = arg0 & 0xFFFFFFFF, arg1 & 0xF
-        if not tcp and family in agent.INET_FAMILIES and kind not in agent.DATAGRAM_TYPES:
-            return NO_STREAM
+        family = arg0 & 0xFFFFFFFF
+        if not ip and family in agent.INET_FAMILIES:
+            return NO_IP
         return ALLOW if family in agent.ALLOWED_FAMILIES else NO_FAMILY
     for number, argument in agent.OWN_PROCESS_SYSCALLS[machine]:
         if nr == number:
@@ -93,20 +93,20 @@ def test_sockets_of_other_families_than_unix_inet_and_netlink_are_refused(machin
 
 
 @pytest.mark.parametrize("machine", sorted(agent.AUDIT_ARCH))
-def test_without_tcp_an_inet_socket_is_a_datagram_one(machine: str) -> None:
-    """``DockerConfig(loopback_tcp=False)``: no TCP (nor SCTP, DCCP, MPTCP), whatever
-    flags ride in the type; UDP, ping and unix streams stay."""
+def test_without_ip_there_is_no_inet_socket_of_any_type(machine: str) -> None:
+    """``DockerConfig(loopback_ip=False)``: no TCP, UDP, ping, SCTP..., whatever flags
+    ride in the type; unix sockets of every type and netlink stay."""
     sock_stream, sock_dgram, nonblock_cloexec = 1, 2, 0x800 | 0x80000
     arch = agent.AUDIT_ARCH[machine]
-    for tcp, want in ((True, ALLOW), (False, NO_STREAM)):
-        program = agent.syscall_filter(machine, tcp=tcp)
+    for ip, want in ((True, ALLOW), (False, NO_IP)):
+        program = agent.syscall_filter(machine, ip=ip)
         for nr in agent.SOCKET_SYSCALLS[machine]:
             for family in (AF_INET, AF_INET6, AF_INET | 1 << 40):
-                for kind in (sock_stream, sock_stream | nonblock_cloexec, 5, 6):
+                for kind in (sock_stream, sock_stream | nonblock_cloexec, sock_dgram, 3, 5, 6):
                     assert run_bpf(program, arch=arch, nr=nr, arg0=family, arg1=kind) == want
-                for kind in (sock_dgram, sock_dgram | nonblock_cloexec, 3):
-                    assert run_bpf(program, arch=arch, nr=nr, arg0=family, arg1=kind) == ALLOW
-            assert run_bpf(program, arch=arch, nr=nr, arg0=AF_UNIX, arg1=sock_stream) == ALLOW
+            for kind in (sock_stream, sock_dgram, sock_dgram | nonblock_cloexec, 5):
+                assert run_bpf(program, arch=arch, nr=nr, arg0=AF_UNIX, arg1=kind) == ALLOW
+            assert run_bpf(program, arch=arch, nr=nr, arg0=AF_NETLINK, arg1=3) == ALLOW
             assert run_bpf(program, arch=arch, nr=nr, arg0=AF_VSOCK, arg1=1) == NO_FAMILY
 
 
@@ -174,15 +174,15 @@ def test_every_listed_call_is_judged_by_its_own_rule(machine: str, data: st.Data
         st.sampled_from([0, 1, 2, 3, 0x80801, 1 << 32]) | st.integers(0, (1 << 64) - 1)
     )
     arg0 &= (1 << 64) - 1
-    tcp = data.draw(st.booleans())
-    program = agent.syscall_filter(machine, tcp=tcp)
+    ip = data.draw(st.booleans())
+    program = agent.syscall_filter(machine, ip=ip)
     got = run_bpf(program, arch=agent.AUDIT_ARCH[machine], nr=nr, arg0=arg0, arg1=arg1)
-    assert got == expected(machine, nr, arg0, arg1, tcp=tcp)
+    assert got == expected(machine, nr, arg0, arg1, ip=ip)
 
 
 def test_the_program_fits_seccomp_limits() -> None:
-    for tcp in (True, False):
-        program = agent.syscall_filter("x86_64", tcp=tcp)
+    for ip in (True, False):
+        program = agent.syscall_filter("x86_64", ip=ip)
         assert len(program) % 8 == 0 and len(program) // 8 < 4096
 
 

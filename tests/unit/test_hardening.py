@@ -138,17 +138,17 @@ def test_only_a_one_call_container_skips_the_huge_page_collapse() -> None:
     assert "--huge-pages" not in spec(policy="reuse").create["command"]
 
 
-def test_tcp_is_refused_under_runc_unless_asked_for_and_allowed_under_gvisor() -> None:
-    """A TCP connect under runc moves a table every container on the host shares."""
+def test_ip_is_refused_under_runc_unless_asked_for_and_allowed_under_gvisor() -> None:
+    """IP sockets under runc move figures every container on the host shares."""
 
     def refused(**overrides: object) -> bool:
         command = spec(**overrides).create["command"]
-        return "--tcp" in command and command[command.index("--tcp") + 1] == "no"
+        return "--ip" in command and command[command.index("--ip") + 1] == "no"
 
     assert refused()
-    assert not refused(loopback_tcp=True)
+    assert not refused(loopback_ip=True)
     assert not refused(runtime="runsc")
-    assert refused(runtime="runsc", loopback_tcp=False)
+    assert refused(runtime="runsc", loopback_ip=False)
 
 
 FORBIDDEN_HOST_CONFIG = {

@@ -109,7 +109,7 @@ def agent_arguments(
     *,
     many_calls: bool = True,
     light_zygote: bool = False,
-    tcp: bool = True,
+    ip: bool = True,
 ) -> list[str]:
     """The agent's command line: who it becomes, who the calls become, what it imports.
 
@@ -117,7 +117,7 @@ def agent_arguments(
     its zygote then skips the huge-page collapse, which costs ~15-30 ms of CPU
     at start and saves ~1 ms per fork. ``light_zygote``: a second zygote for
     the calls that need nothing preloaded (``DockerConfig.light_zygote``).
-    ``tcp``: ``DockerConfig.loopback_tcp``.
+    ``ip``: ``DockerConfig.loopback_ip``.
     """
     arguments = [
         "--agent-user", AGENT_USER,
@@ -130,8 +130,8 @@ def agent_arguments(
         arguments += ["--huge-pages", "no"]
     if light_zygote and many_calls and preload_modules:
         arguments += ["--light-zygote", "yes"]
-    if not tcp:
-        arguments += ["--tcp", "no"]
+    if not ip:
+        arguments += ["--ip", "no"]
     return arguments
 
 
@@ -219,7 +219,7 @@ def container_spec(
             config.preload_modules,
             many_calls=config.policy != "fresh",
             light_zygote=config.light_zygote,
-            tcp=config.tcp_allowed,
+            ip=config.ip_allowed,
         ),
         "user": CONTAINER_USER,
         "hostname": SANDBOX_HOSTNAME,

@@ -1060,7 +1060,7 @@ def start(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     modules = [m for m in options.pop("preload", "").split(",") if m]
     huge_pages = _yes_or_no(options, "huge-pages", "yes")
     light = _yes_or_no(options, "light-zygote", "no") and bool(modules)
-    tcp = _yes_or_no(options, "tcp", "yes")
+    ip = _yes_or_no(options, "ip", "yes")
     if options:
         raise ValueError(f"unknown agent options: {sorted(options)}")
     if len({agent_user.uid, zygote_user.uid, sandbox_user.uid}) != 3:
@@ -1073,7 +1073,7 @@ def start(argv: list[str]) -> tuple[list[str], dict[str, str]]:
         raise PermissionError(f"cannot keep calls off shared devices: {'; '.join(locked)}")
     State.agent, State.sandbox = agent_user, sandbox_user
     zygote.Setup.drop = identity.SandboxDrop(
-        sandbox_user, identity.last_capability(), identity.syscall_filter(machine, tcp=tcp)
+        sandbox_user, identity.last_capability(), identity.syscall_filter(machine, ip=ip)
     )
 
     State.preloaded = tuple(modules)
