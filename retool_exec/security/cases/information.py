@@ -8,7 +8,7 @@ reports only whether it found them, never their contents.
 from __future__ import annotations
 
 from retool_exec.backends.docker.hardening import BASE_ENV
-from retool_exec.security.model import Case, CaseClass, Observation, Severity
+from retool_exec.security.model import Case, CaseClass, Inconclusive, Observation, Severity
 from retool_exec.security.snippets import all_denied, code
 
 __all__ = ["CASES"]
@@ -20,6 +20,27 @@ def _hostname_neutral(obs: Observation) -> bool:
     facts = obs.facts()
     host = obs.ctx.host.hostname
     return bool(facts["hostname"] != host and facts["nodename"] != host)
+
+
+SOCKET_MEMORY_MOVE = 128
+"""Pages (512 KiB) by which ``UDP: mem`` must rise while the neighbour holds its data for
+the attack to have seen it: the neighbour holds about 5 MiB, the host's per-CPU caches of
+socket memory hide up to 1 MiB each, and an idle host moves it by a few pages at most."""
+
+
+def _socket_memory_unseen(obs: Observation) -> bool:
+    facts = obs.facts()
+    if facts["path"] is None:
+        return True  # no file gave it: nothing to read the channel through
+    neighbour = obs.neighbour_facts()
+    if not neighbour["receivers"]:
+        return True  # no socket could hold data: nothing moves it
+    start, end = neighbour["held"]
+    before = [pages for at, pages in facts["samples"] if at < start]
+    during = [pages for at, pages in facts["samples"] if start <= at <= end]
+    if not before or not during:
+        raise Inconclusive("the attack's readings did not span the neighbour's hold")
+    return bool(max(during) - min(before) < SOCKET_MEMORY_MOVE)
 
 
 def _only_own_processes(obs: Observation) -> bool:
@@ -252,5 +273,69 @@ CASES: tuple[Case, ...] = (
         "another container read it later from /proc/vmstat",
         note="Masked under runc (read as empty), and calls get RLIMIT_MEMLOCK 0, which also "
         "keeps them from moving Mlocked in /proc/meminfo; gVisor has none of these files.",
+    ),
+    Case(
+        id="info-host-socket-memory",
+        klass=CaseClass.INFORMATION,
+        title="a call in another container holding socket memory does not move a figure "
+        "this call can read (the host's UDP mem in /proc/net/sockstat)",
+        code=code("""
+            def udp_pages(path):
+                with open(path) as handle:
+                    for line in handle:
+                        if line.startswith("UDP:"):
+                            fields = line.split()
+                            return int(fields[fields.index("mem") + 1])
+                raise ValueError("no UDP line")
+
+            me = os.getpid()
+            path = None
+            for candidate in ("/proc/net/sockstat", "/proc/self/net/sockstat",
+                              f"/proc/{me}/task/{me}/net/sockstat", "/proc/1/net/sockstat"):
+                try:
+                    udp_pages(candidate)
+                    path = candidate
+                    break
+                except (OSError, ValueError):
+                    pass
+            samples, give_up = [], time.monotonic() + 5.0
+            while path and time.monotonic() < give_up:
+                samples.append([time.time(), udp_pages(path)])
+                time.sleep(0.05)
+            report(path=path, samples=samples)
+        """),
+        neighbour=code("""
+            import socket
+            receivers = []
+            try:
+                sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                for _ in range(24):  # each queues up to its receive buffer (~208 KiB)
+                    receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                    receiver.bind(("127.0.0.1", 0))  # its own listener, nothing else
+                    receivers.append(receiver)
+                    for _ in range(300):
+                        sender.sendto(b"x" * 1024, receiver.getsockname())
+                error = None
+            except OSError as exc:
+                error = why(exc)
+            held = [time.time()]
+            time.sleep(2.0)
+            held.append(time.time())
+            for receiver in receivers:
+                receiver.close()
+            report(receivers=len(receivers), held=held, error=error)
+        """),
+        contained=_socket_memory_unseen,
+        severity=Severity.MEDIUM,
+        reference="retool_exec red-team round of 2026-12-04 (fourteenth): under runc two "
+        "calls in different containers moved 48 bits of 48 through the host-wide UDP mem "
+        "of /proc/net/sockstat; path masks do not cover /proc/<pid>/net",
+        timeout=10.0,
+        exclusive=True,
+        note="Contained when the neighbour can hold no socket memory (under runc calls get no "
+        "IP socket unless DockerConfig(loopback_ip=True)), when no path gives the figure, or "
+        "when it does not rise while the neighbour holds its data (gVisor's figures are each "
+        "sandbox's own). With loopback_ip=True under runc it is exposed: the trade written "
+        "in docs/security.md.",
     ),
 )

@@ -695,7 +695,7 @@ CASES: tuple[Case, ...] = (
         reference="retool_exec red-team round of 2026-12-04 (ninth): under runc a TCP "
         "connect's source port comes from a table the host kernel shares between network "
         "namespaces (inet_hash_connect); bytes moved exactly between fresh containers",
-        note="Calls get no TCP socket under runc unless DockerConfig(loopback_tcp=True) "
+        note="Calls get no IP socket under runc unless DockerConfig(loopback_ip=True) "
         "(EACCES); gVisor keeps its own table.",
         timeout=6.0,
     ),
@@ -958,12 +958,12 @@ CASES: tuple[Case, ...] = (
             destination = hashlib.md5(TOKEN.encode()).digest()  # 16 bytes of the call's choice
             request = destination + struct.pack(">I", 0x5A5A5) + struct.pack(
                 "=BBHHHI", 0, 255, 1, 30, 30, 0)  # get, share with anyone, create; linger 30 s
-            with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as sock:
-                try:
+            try:
+                with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as sock:
                     sock.setsockopt(socket.IPPROTO_IPV6, 32, request)  # IPV6_FLOWLABEL_MGR
-                    made = True
-                except OSError as exc:
-                    made = why(exc)
+                made = True
+            except OSError as exc:  # no IP here (runc, by default): EACCES
+                made = why(exc)
             report(made=made)
         """),
         follow_up=code("""
@@ -993,7 +993,7 @@ CASES: tuple[Case, ...] = (
             import socket
             try:
                 listener = socket.socket()
-            except PermissionError as exc:  # no TCP here (runc, by default): no TIME_WAIT
+            except PermissionError as exc:  # no IP here (runc, by default): no TIME_WAIT
                 report(made=why(exc))
                 sys.exit(0)
             listener.bind(("127.0.0.1", 0))
@@ -1020,7 +1020,7 @@ CASES: tuple[Case, ...] = (
                 try:
                     probe = socket.socket()  # no SO_REUSEADDR: a TIME_WAIT port refuses
                 except PermissionError:
-                    break  # no TCP here: nothing to find, nothing a server could miss
+                    break  # no IP here: nothing to find, nothing a server could miss
                 with probe:
                     try:
                         probe.bind(("127.0.0.1", port))

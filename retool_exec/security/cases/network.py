@@ -237,6 +237,7 @@ CASES: tuple[Case, ...] = (
         reference="retool_exec red-team round of 2026-12-03 (AF_VSOCK); every address family "
         "beyond these is kernel surface no tool code needs",
         local=Expect.HOST_DEPENDENT,
-        note="AF_UNIX 1, AF_INET 2, AF_INET6 10, AF_NETLINK 16 (glibc's getaddrinfo uses it).",
+        note="AF_UNIX 1, AF_INET 2, AF_INET6 10 (under runc only with DockerConfig("
+        "loopback_ip=True)), AF_NETLINK 16 (glibc's getaddrinfo uses it).",
     ),
 )

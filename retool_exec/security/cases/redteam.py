@@ -109,8 +109,8 @@ CONTAINER_TOOLS = code('''
 
 
     def held():
-        """What a call can leave held: listening TCP sockets (and bound UDP ones, where
-        there is no TCP) and unix sockets of this network namespace, shared memory
+        """What a call can leave held: listening TCP sockets (where there is IP) and unix
+        sockets of this network namespace, shared memory
         (memfds, tmpfs) and the free space of /tmp, in MB."""
         inet = 0
         for path in ("/proc/net/tcp", "/proc/net/tcp6", "/proc/net/udp", "/proc/net/udp6"):
@@ -452,9 +452,10 @@ _IN_FLIGHT = CONTAINER_TOOLS + code("""
         listener = socket.socket()
         listener.bind(("127.0.0.1", 0))
         listener.listen()
-    except PermissionError:  # no TCP here (runc, by default): a bound UDP socket rides instead
-        listener = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        listener.bind(("127.0.0.1", 0))
+    except PermissionError:  # no IP here (runc, by default): a unix listener rides instead
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(f"\\0{TOKEN}-listener")
+        listener.listen()
     a_send, a_recv = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
     b_send, b_recv = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
 
@@ -505,6 +506,9 @@ _BASELINE_CHECK = CONTAINER_TOOLS + code("""
 
 SHMEM_SLACK_MB = 8
 """Shared memory the next call may find beyond the attack's starting point."""
+IN_FLIGHT_SOCKETS = 5
+"""Sockets the attack holds in flight: its listener (TCP, or unix where there is no IP)
+and both ends of its two unix socket pairs."""
 
 
 def _back_to_baseline(obs: Observation) -> bool:
@@ -514,7 +518,8 @@ def _back_to_baseline(obs: Observation) -> bool:
     attack = obs.facts()
     before, during = attack["baseline"], attack["during"]
     held = attack["memfd_mb"] * 100 >= attack["limit_mb"] * 45
-    if not held or during["inet"] <= before["inet"]:
+    sockets = during["inet"] + during["unix"] - before["inet"] - before["unix"]
+    if not held or sockets < IN_FLIGHT_SOCKETS:
         raise ValueError(f"the attack could not put enough in flight to judge: {attack}")
     if obs.follow is None or not obs.follow.ok:
         return False  # e.g. killed for memory the attack still held
