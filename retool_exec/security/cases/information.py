@@ -43,6 +43,23 @@ def _socket_memory_unseen(obs: Observation) -> bool:
     return bool(max(during) - min(before) < SOCKET_MEMORY_MOVE)
 
 
+EVENTFD_HELD = 200
+"""Event counters the neighbour holds while the attack reads the id of a new one of its own."""
+
+
+def _eventfd_ids_unmoved(obs: Observation) -> bool:
+    """The ids the attack's own event counters got did not rise by what the neighbour held."""
+    facts, neighbour = obs.facts(), obs.neighbour_facts()
+    if neighbour["held"] is None or not facts["samples"]:
+        return True  # one side could make no event counter, or none shows an id
+    start, end = neighbour["held"]
+    before = [ident for at, ident in facts["samples"] if at < start]
+    during = [ident for at, ident in facts["samples"] if start <= at <= end]
+    if not before or not during:
+        raise Inconclusive("the attack's readings did not span the neighbour's hold")
+    return bool(min(during) - min(before) < EVENTFD_HELD // 2)
+
+
 def _only_own_processes(obs: Observation) -> bool:
     return bool(obs.facts()["strangers"] == [])
 
@@ -337,5 +354,58 @@ CASES: tuple[Case, ...] = (
         "when it does not rise while the neighbour holds its data (gVisor's figures are each "
         "sandbox's own). With loopback_ip=True under runc it is exposed: the trade written "
         "in docs/security.md.",
+    ),
+    Case(
+        id="info-host-eventfd-ids",
+        klass=CaseClass.INFORMATION,
+        title="a call in another container holding event counters does not move the id "
+        "this call's own event counter gets (eventfd-id in /proc/self/fdinfo)",
+        code=code("""
+            def new_id():  # ctypes: os.eventfd is Python 3.10's, images may have 3.9
+                fd = libc.eventfd(0, 0)
+                if fd < 0:
+                    raise OSError(ctypes.get_errno(), "eventfd")
+                try:
+                    with open(f"/proc/self/fdinfo/{fd}") as handle:
+                        for line in handle:
+                            if line.startswith("eventfd-id:"):
+                                return int(line.split()[1])
+                    return None
+                finally:
+                    os.close(fd)
+
+            try:
+                samples, give_up = [], time.monotonic() + 4.0
+                while new_id() is not None and time.monotonic() < give_up:
+                    samples.append([time.time(), new_id()])
+                    time.sleep(0.05)
+                error = None
+            except OSError as exc:
+                samples, error = [], why(exc)
+            report(samples=samples, error=error)
+        """),
+        neighbour=code(f"""
+            try:
+                counters = [libc.eventfd(0, 0) for _ in range({EVENTFD_HELD})]
+                if min(counters) < 0:
+                    raise OSError(ctypes.get_errno(), "eventfd")
+                held = [time.time()]
+                time.sleep(2.0)
+                held.append(time.time())
+                error = None
+            except OSError as exc:
+                held, error = None, why(exc)
+            report(held=held, error=error)
+        """),
+        contained=_eventfd_ids_unmoved,
+        severity=Severity.MEDIUM,
+        reference="retool_exec red-team round of 2026-12-05 (fifteenth): under runc an "
+        "eventfd's id comes from one lowest-free allocator for the whole host, so a call "
+        "holding 200 of them moved the id a call in another container got by exactly 200",
+        timeout=10.0,
+        exclusive=True,
+        note="Contained when either side can make no event counter (calls' eventfd and "
+        "eventfd2 are refused with ENOSYS), when the id is not shown (gVisor), or when it "
+        "does not rise while the neighbour holds its counters.",
     ),
 )
