@@ -21,6 +21,8 @@ REFUSE = agent.SECCOMP_RET_ERRNO | agent.EPERM
 NO_FAMILY = agent.SECCOMP_RET_ERRNO | agent.EAFNOSUPPORT
 NO_IP = agent.SECCOMP_RET_ERRNO | agent.EACCES
 READ = {"x86_64": 0, "aarch64": 63}
+EVENTFD_SYSCALLS = {"x86_64": (284, 290), "aarch64": (19,)}
+"""eventfd and eventfd2 by number (from the kernel's syscall tables, not the agent's)."""
 AF_UNIX, AF_INET, AF_INET6, AF_NETLINK, AF_PACKET, AF_ALG, AF_VSOCK = 1, 2, 10, 16, 17, 38, 40
 
 
@@ -70,11 +72,13 @@ def expected(machine: str, nr: int, arg0: int, arg1: int, *, ip: bool = True) ->
 
 
 @pytest.mark.parametrize("machine", sorted(agent.AUDIT_ARCH))
-def test_io_uring_aio_and_mq_open_are_refused_with_enosys(machine: str) -> None:
+def test_io_uring_aio_mq_open_and_eventfd_are_refused_with_enosys(machine: str) -> None:
     program, arch = agent.syscall_filter(machine), agent.AUDIT_ARCH[machine]
     for nr in agent.DENIED_SYSCALLS[machine]:
         assert run_bpf(program, arch=arch, nr=nr) == DENY
-    assert len(agent.DENIED_SYSCALLS[machine]) == 10  # io_uring x3, mq_open, AIO x6
+    eventfds = EVENTFD_SYSCALLS[machine]
+    assert set(eventfds) <= set(agent.DENIED_SYSCALLS[machine])
+    assert len(agent.DENIED_SYSCALLS[machine]) == 10 + len(eventfds)  # io_uring x3, mq_open, AIO x6
     assert run_bpf(program, arch=arch, nr=READ[machine]) == ALLOW
     assert run_bpf(program, arch=arch, nr=424) == ALLOW  # the neighbours of io_uring
     assert run_bpf(program, arch=arch, nr=428) == ALLOW

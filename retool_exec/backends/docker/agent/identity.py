@@ -230,16 +230,21 @@ class acting_as:
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 DENIED_SYSCALLS = {
     # io_uring_setup, io_uring_enter, io_uring_register (one number on every arch), mq_open,
-    # then Linux AIO: io_setup, io_destroy, io_getevents, io_submit, io_cancel, io_pgetevents
-    "x86_64": (425, 426, 427, 240, 206, 207, 208, 209, 210, 333),
-    "aarch64": (425, 426, 427, 180, 0, 1, 4, 2, 3, 292),
+    # then Linux AIO: io_setup, io_destroy, io_getevents, io_submit, io_cancel, io_pgetevents,
+    # then eventfd and eventfd2 (aarch64 has only the second)
+    "x86_64": (425, 426, 427, 240, 206, 207, 208, 209, 210, 333, 284, 290),
+    "aarch64": (425, 426, 427, 180, 0, 1, 4, 2, 3, 292, 19),
 }
 """Refused with ENOSYS, as a kernel built without them would. io_uring: the source of
 most kernel exploits in Google's kCTF, allowed by Docker's profile before Engine 25.
 mq_open: queue space is per uid (security.md, finding 3). AIO: ``aio-nr`` is one budget
 for the whole host (``fs.aio-max-nr``), which one call took whole for the host and every
 other container, and whose count any container can read (a channel across containers,
-``fresh`` included); no tool code uses Linux AIO."""
+``fresh`` included); no tool code uses Linux AIO. eventfd: each one's id (in
+``/proc/self/fdinfo``) comes from one lowest-free allocator for the whole host, so a call
+holding 200 moved the id a call in another container got by exactly 200 (fifteenth
+red-team round); Python's stdlib and the image's libraries use none (asyncio wakes itself
+with a socket pair)."""
 SOCKET_SYSCALLS = {"x86_64": (41, 53), "aarch64": (198, 199)}
 """socket and socketpair, whose first argument is the address family."""
 ALLOWED_FAMILIES = (1, 2, 10, 16)
