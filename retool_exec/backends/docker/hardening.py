@@ -60,6 +60,8 @@ GVISOR_PIDS_HEADROOM = 1024
 """Host threads gVisor's sentry may need beyond the sandbox's own processes."""
 
 
+NODE_COUNTERS = ("vmstat", "numastat")
+"""Each NUMA node's files of the memory manager's counts (its share of ``/proc/vmstat``)."""
 DOCKER_MASKED_PATHS = (
     "/proc/asound",
     "/proc/acpi",
@@ -85,6 +87,10 @@ HOST_COUNTER_PATHS = (
     "/proc/zoneinfo",
     "/proc/buddyinfo",
     "/proc/pagetypeinfo",
+    "/proc/locks",
+    "/proc/diskstats",
+    "/sys/kernel/mm/transparent_hugepage",
+    *(f"/sys/devices/system/node/node{node}/{name}" for node in range(8) for name in NODE_COUNTERS),
 )
 """The host kernel's exact counts that under runc every container reads and a call can
 move by one at will: open files, inodes, dentries and AIO requests (one ``open()``:
@@ -93,7 +99,13 @@ file count, eighth red-team round), and the memory manager's event and page coun
 (an ``mlock`` of one page, an OOM kill in the call's own cgroup: 16 bits through
 ``unevictable_pgs_mlocked``, which stays until read, eleventh round). Masked (read as
 empty); gVisor has none of them. What stays shared under runc is in docs/security.md
-("What is not promised")."""
+("What is not promised"). Fifteenth round: ``/proc/locks`` lists every open file
+description lock of the host, whatever its container (they have no pid to filter by), so
+a call's lock range carried 62 bits to a call in another container; the huge-page
+counters under ``/sys/kernel/mm/transparent_hugepage`` and each NUMA node's copy of
+``/proc/vmstat`` are moved by one 2 MiB fault; ``/proc/diskstats`` counts every read the
+host's disk serves (a call reading files it evicted from the shared page cache). A path
+the host lacks (an eighth NUMA node) is skipped by the runtime."""
 
 NETWORK_SYSCTLS = {"net.ipv4.tcp_no_metrics_save": "1", "net.ipv4.tcp_fastopen": "0"}
 """Caches of the container's network namespace that outlive every process and that the
