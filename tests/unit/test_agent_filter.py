@@ -23,13 +23,24 @@ NO_IP = agent.SECCOMP_RET_ERRNO | agent.EACCES
 READ = {"x86_64": 0, "aarch64": 63}
 EVENTFD_SYSCALLS = {"x86_64": (284, 290), "aarch64": (19,)}
 """eventfd and eventfd2 by number (from the kernel's syscall tables, not the agent's)."""
+INOTIFY_SYSCALLS = {"x86_64": (253, 294), "aarch64": (26,)}
+NO_OPTION = agent.SECCOMP_RET_ERRNO | agent.ENOPROTOOPT
 AF_UNIX, AF_INET, AF_INET6, AF_NETLINK, AF_PACKET, AF_ALG, AF_VSOCK = 1, 2, 10, 16, 17, 38, 40
 
 
-def run_bpf(program: bytes, *, arch: int, nr: int, arg0: int = 0, arg1: int = 0) -> int:
+def run_bpf(
+    program: bytes,
+    *,
+    arch: int,
+    nr: int,
+    arg0: int = 0,
+    arg1: int = 0,
+    arg2: int = 0,
+    arg3: int = 0,
+) -> int:
     """Evaluate a seccomp program over ``seccomp_data`` holding ``nr``, ``arch`` and the
-    first two arguments (64 bits each, little-endian as on both architectures)."""
-    data = struct.pack("=IIQQQ", nr, arch, 0, arg0, arg1) + bytes(32)
+    first four arguments (64 bits each, little-endian as on both architectures)."""
+    data = struct.pack("=IIQQQQQ", nr, arch, 0, arg0, arg1, arg2, arg3) + bytes(16)
     instructions = [struct.unpack("=HBBI", program[i : i + 8]) for i in range(0, len(program), 8)]
     accumulator, pc = 0, 0
     for _ in range(len(instructions)):
@@ -51,8 +62,16 @@ def run_bpf(program: bytes, *, arch: int, nr: int, arg0: int = 0, arg1: int = 0)
     raise AssertionError("the program ran off its end")
 
 
-def expected(machine: str, nr: int, arg0: int, arg1: int, *, ip: bool = True) -> int:
+def expected(
+    machine: str, nr: int, arg0: int, arg1: int, *, arg2: int = 0, arg3: int = 0, ip: bool = True
+) -> int:
     """What the filter must answer on ``machine``'s native ABI, from the tables."""
+    low = 0xFFFFFFFF
+    if nr == agent.SOCKET_OPTION_SYSCALLS[machine]:
+        cookie = arg1 & low == agent.SOL_SOCKET and arg2 & low == agent.SO_COOKIE
+        return NO_OPTION if cookie else ALLOW
+    if nr == agent.FADVISE_SYSCALLS[machine]:
+        return REFUSE if arg3 & low == agent.POSIX_FADV_DONTNEED else ALLOW
     clone, clone3 = agent.CLONE_SYSCALLS[machine]
     if nr in agent.DENIED_SYSCALLS[machine] or nr == clone3:
         return DENY
@@ -76,12 +95,24 @@ def test_io_uring_aio_mq_open_and_eventfd_are_refused_with_enosys(machine: str) 
     program, arch = agent.syscall_filter(machine), agent.AUDIT_ARCH[machine]
     for nr in agent.DENIED_SYSCALLS[machine]:
         assert run_bpf(program, arch=arch, nr=nr) == DENY
-    eventfds = EVENTFD_SYSCALLS[machine]
-    assert set(eventfds) <= set(agent.DENIED_SYSCALLS[machine])
-    assert len(agent.DENIED_SYSCALLS[machine]) == 10 + len(eventfds)  # io_uring x3, mq_open, AIO x6
+    added = (*EVENTFD_SYSCALLS[machine], *INOTIFY_SYSCALLS[machine])
+    assert set(added) <= set(agent.DENIED_SYSCALLS[machine])
+    assert len(agent.DENIED_SYSCALLS[machine]) == 10 + len(added)  # io_uring x3, mq_open, AIO x6
     assert run_bpf(program, arch=arch, nr=READ[machine]) == ALLOW
     assert run_bpf(program, arch=arch, nr=424) == ALLOW  # the neighbours of io_uring
     assert run_bpf(program, arch=arch, nr=428) == ALLOW
+
+
+@pytest.mark.parametrize("machine", sorted(agent.AUDIT_ARCH))
+def test_socket_cookies_and_dropping_cached_pages_are_refused(machine: str) -> None:
+    program, arch = agent.syscall_filter(machine), agent.AUDIT_ARCH[machine]
+    option, advise = agent.SOCKET_OPTION_SYSCALLS[machine], agent.FADVISE_SYSCALLS[machine]
+    assert run_bpf(program, arch=arch, nr=option, arg1=1, arg2=57) == NO_OPTION  # SO_COOKIE
+    assert run_bpf(program, arch=arch, nr=option, arg1=1, arg2=7) == ALLOW  # SO_SNDBUF
+    assert run_bpf(program, arch=arch, nr=option, arg1=6, arg2=57) == ALLOW  # another level
+    assert run_bpf(program, arch=arch, nr=advise, arg3=4) == REFUSE  # POSIX_FADV_DONTNEED
+    for advice in (0, 1, 2, 3, 5):
+        assert run_bpf(program, arch=arch, nr=advise, arg3=advice) == ALLOW
 
 
 @pytest.mark.parametrize("machine", sorted(agent.AUDIT_ARCH))
@@ -169,6 +200,8 @@ def test_every_listed_call_is_judged_by_its_own_rule(machine: str, data: st.Data
         *agent.CLONE_SYSCALLS[machine],
         *agent.SOCKET_SYSCALLS[machine],
         *(number for number, _ in agent.OWN_PROCESS_SYSCALLS[machine]),
+        agent.SOCKET_OPTION_SYSCALLS[machine],
+        agent.FADVISE_SYSCALLS[machine],
     ]
     nr = data.draw(st.sampled_from(listed))
     arg0 = data.draw(
@@ -177,11 +210,15 @@ def test_every_listed_call_is_judged_by_its_own_rule(machine: str, data: st.Data
     arg1 = data.draw(
         st.sampled_from([0, 1, 2, 3, 0x80801, 1 << 32]) | st.integers(0, (1 << 64) - 1)
     )
+    arg2 = data.draw(st.sampled_from([0, 57, 58, (1 << 32) | 57]) | st.integers(0, (1 << 64) - 1))
+    arg3 = data.draw(st.sampled_from([0, 3, 4, 5, (1 << 32) | 4]) | st.integers(0, (1 << 64) - 1))
     arg0 &= (1 << 64) - 1
     ip = data.draw(st.booleans())
     program = agent.syscall_filter(machine, ip=ip)
-    got = run_bpf(program, arch=agent.AUDIT_ARCH[machine], nr=nr, arg0=arg0, arg1=arg1)
-    assert got == expected(machine, nr, arg0, arg1, ip=ip)
+    got = run_bpf(
+        program, arch=agent.AUDIT_ARCH[machine], nr=nr, arg0=arg0, arg1=arg1, arg2=arg2, arg3=arg3
+    )
+    assert got == expected(machine, nr, arg0, arg1, arg2=arg2, arg3=arg3, ip=ip)
 
 
 def test_the_program_fits_seccomp_limits() -> None:

@@ -119,6 +119,30 @@ def become(who: Identity, capabilities: tuple[int, ...]) -> None:
         raise PermissionError(f"could not become {who}: {os.getresuid()} {sets}")
 
 
+AUDIT_UID_UNSET = 4294967295
+
+
+def set_login_uid(uid: int) -> None:
+    """As root, at start: set the audit login uid, once for the container's every process.
+
+    Any process whose login uid is unset may set it, once, without a capability, and
+    each write takes a new audit session id from one counter for the host, shown in
+    ``/proc/self/sessionid``: calls forking K children that each wrote it moved the id
+    a call in another container read by exactly K (fifteenth red-team round), and set
+    the login uid the host's audit log names. Set here, it is inherited, and changing
+    it needs CAP_AUDIT_CONTROL. Best effort: a kernel without audit has no such file,
+    gVisor refuses the write and keeps no host-wide counter; an id set already stays.
+    """
+    try:
+        with open("/proc/self/loginuid", "rb") as handle:
+            if int(handle.read() or AUDIT_UID_UNSET) != AUDIT_UID_UNSET:
+                return
+        with open("/proc/self/loginuid", "wb", buffering=0) as handle:
+            handle.write(str(uid).encode())
+    except (OSError, ValueError):
+        pass
+
+
 def last_capability() -> int:
     try:
         with open("/proc/sys/kernel/cap_last_cap") as handle:
@@ -231,9 +255,9 @@ AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 DENIED_SYSCALLS = {
     # io_uring_setup, io_uring_enter, io_uring_register (one number on every arch), mq_open,
     # then Linux AIO: io_setup, io_destroy, io_getevents, io_submit, io_cancel, io_pgetevents,
-    # then eventfd and eventfd2 (aarch64 has only the second)
-    "x86_64": (425, 426, 427, 240, 206, 207, 208, 209, 210, 333, 284, 290),
-    "aarch64": (425, 426, 427, 180, 0, 1, 4, 2, 3, 292, 19),
+    # then eventfd and eventfd2, inotify_init and inotify_init1 (aarch64: the second of each)
+    "x86_64": (425, 426, 427, 240, 206, 207, 208, 209, 210, 333, 284, 290, 253, 294),
+    "aarch64": (425, 426, 427, 180, 0, 1, 4, 2, 3, 292, 19, 26),
 }
 """Refused with ENOSYS, as a kernel built without them would. io_uring: the source of
 most kernel exploits in Google's kCTF, allowed by Docker's profile before Engine 25.
@@ -244,7 +268,22 @@ other container, and whose count any container can read (a channel across contai
 ``/proc/self/fdinfo``) comes from one lowest-free allocator for the whole host, so a call
 holding 200 moved the id a call in another container got by exactly 200 (fifteenth
 red-team round); Python's stdlib and the image's libraries use none (asyncio wakes itself
-with a socket pair)."""
+with a socket pair). inotify: the cookie of a rename's two events counts every rename
+the host has made, in any container, watched or not, so a call renaming files K times
+moved the cookie a call in another container read by exactly K (the same round); its
+only users are file watchers (watchdog), which tool code does not need."""
+SOCKET_OPTION_SYSCALLS = {"x86_64": 55, "aarch64": 209}
+"""getsockopt: ``SOL_SOCKET``'s ``SO_COOKIE`` fails with ENOPROTOOPT, as on a kernel before
+4.12. A socket's cookie comes from one counter for the host, handed to each CPU in
+batches: two calls in different containers pinned to one CPU moved it exactly (fifteenth
+round)."""
+SOL_SOCKET, SO_COOKIE, ENOPROTOOPT = 1, 57, 92
+FADVISE_SYSCALLS = {"x86_64": 221, "aarch64": 223}
+"""fadvise64: ``POSIX_FADV_DONTNEED`` fails with EPERM. It drops a file's pages from the
+host's page cache, which every container shares: a call evicted image files and read
+them again, and another call counted the disk reads it caused (fifteenth round), or
+timed its own reads; it also slows every other container. Other advice stays."""
+POSIX_FADV_DONTNEED = 4
 SOCKET_SYSCALLS = {"x86_64": (41, 53), "aarch64": (198, 199)}
 """socket and socketpair, whose first argument is the address family."""
 ALLOWED_FAMILIES = (1, 2, 10, 16)
@@ -340,6 +379,8 @@ def syscall_filter(machine: str, *, ip: bool = True) -> bytes:
         *(("", _BPF_JEQ_K, "deny", 0, number) for number in (*denied, clone3)),
         *(("", _BPF_JEQ_K, "refuse", 0, number) for number in NAMESPACE_SYSCALLS[machine]),
         ("", _BPF_JEQ_K, "clone", 0, clone),
+        ("", _BPF_JEQ_K, "option", 0, SOCKET_OPTION_SYSCALLS[machine]),
+        ("", _BPF_JEQ_K, "advice", 0, FADVISE_SYSCALLS[machine]),
         *(("", _BPF_JEQ_K, "family", 0, number) for number in SOCKET_SYSCALLS[machine]),
         *(
             ("", _BPF_JEQ_K, f"self{argument}", 0, number)
@@ -353,12 +394,19 @@ def syscall_filter(machine: str, *, ip: bool = True) -> bytes:
         *inet,
         ("clone", _BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_ARG0),
         ("", _BPF_JSET_K, "refuse", "allow", CLONE_REFUSED),
+        ("option", _BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_ARG0 + 8),  # level
+        ("", _BPF_JEQ_K, 0, "allow", SOL_SOCKET),
+        ("", _BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_ARG0 + 16),  # optname
+        ("", _BPF_JEQ_K, "no_option", "allow", SO_COOKIE),
+        ("advice", _BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_ARG0 + 24),
+        ("", _BPF_JEQ_K, "refuse", "allow", POSIX_FADV_DONTNEED),
         ("self0", _BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_ARG0),
         ("", _BPF_JEQ_K, "allow", "refuse", 0),
         ("self1", _BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_ARG0 + 8),
         ("", _BPF_JEQ_K, "allow", "refuse", 0),
         ("allow", _BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),
         ("refuse", _BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | EPERM),
+        ("no_option", _BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | ENOPROTOOPT),
         ("deny", _BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | ENOSYS),
     ]
     where = {label: index for index, (label, *_rest) in enumerate(program) if label}

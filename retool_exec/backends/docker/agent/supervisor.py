@@ -1071,6 +1071,7 @@ def start(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     locked = identity.lock_shared_devices()
     if locked:
         raise PermissionError(f"cannot keep calls off shared devices: {'; '.join(locked)}")
+    identity.set_login_uid(sandbox_user.uid)
     State.agent, State.sandbox = agent_user, sandbox_user
     zygote.Setup.drop = identity.SandboxDrop(
         sandbox_user, identity.last_capability(), identity.syscall_filter(machine, ip=ip)
