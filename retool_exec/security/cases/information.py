@@ -8,7 +8,14 @@ reports only whether it found them, never their contents.
 from __future__ import annotations
 
 from retool_exec.backends.docker.hardening import BASE_ENV
-from retool_exec.security.model import Case, CaseClass, Inconclusive, Observation, Severity
+from retool_exec.security.model import (
+    Case,
+    CaseClass,
+    Expect,
+    Inconclusive,
+    Observation,
+    Severity,
+)
 from retool_exec.security.snippets import all_denied, code
 
 __all__ = ["CASES"]
@@ -58,6 +65,20 @@ def _eventfd_ids_unmoved(obs: Observation) -> bool:
     if not before or not during:
         raise Inconclusive("the attack's readings did not span the neighbour's hold")
     return bool(min(during) - min(before) < EVENTFD_HELD // 2)
+
+
+LOCK_MARK = 0x2E7EC5A5E
+"""Where the neighbour's lock starts (a byte offset no tool code locks at)."""
+HOST_COUNTER_FILES = (
+    "/proc/locks",
+    "/proc/diskstats",
+    "/sys/kernel/mm/transparent_hugepage/hugepages-2048kB/stats/anon_fault_alloc",
+    "/sys/kernel/mm/transparent_hugepage/khugepaged/pages_collapsed",
+    "/sys/devices/system/node/node0/vmstat",
+    "/sys/devices/system/node/node0/numastat",
+)
+"""Host-wide files that red-team round fifteen moved from one container and read in
+another: the host's file locks, disk reads, huge-page faults and a node's memory counts."""
 
 
 def _only_own_processes(obs: Observation) -> bool:
@@ -407,5 +428,179 @@ CASES: tuple[Case, ...] = (
         note="Contained when either side can make no event counter (calls' eventfd and "
         "eventfd2 are refused with ENOSYS), when the id is not shown (gVisor), or when it "
         "does not rise while the neighbour holds its counters.",
+    ),
+    Case(
+        id="info-host-lock-table",
+        klass=CaseClass.INFORMATION,
+        title="a file lock a call in another container holds is not listed to this call "
+        "(/proc/locks shows open file description locks of every pid namespace)",
+        code=code(f"""
+            samples, seen, give_up = 0, False, time.monotonic() + 3.0
+            while not seen and time.monotonic() < give_up:
+                try:
+                    with open("/proc/locks") as handle:
+                        seen = any(line.split()[-2:-1] == ["{LOCK_MARK}"] for line in handle)
+                    samples += 1
+                except OSError as exc:
+                    samples = why(exc)
+                    break
+                time.sleep(0.05)
+            report(samples=samples, seen=seen)
+        """),
+        neighbour=code(f"""
+            import fcntl, struct
+            try:
+                handle = os.open("neighbour-lock", os.O_RDWR | os.O_CREAT, 0o600)
+                lock = struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, {LOCK_MARK}, 1, 0)
+                fcntl.fcntl(handle, 37, lock)  # F_OFD_SETLK: an open file description's lock
+                time.sleep(2.0)
+                error = None
+            except OSError as exc:
+                error = why(exc)
+            report(error=error)
+        """),
+        contained=lambda obs: not obs.facts()["seen"],
+        severity=Severity.HIGH,
+        reference="retool_exec red-team round of 2026-12-05 (fifteenth): under runc the range "
+        "of a call's open file description lock carried 62 bits of 62 to a call in another "
+        "container through /proc/locks",
+        timeout=10.0,
+        exclusive=True,
+        note="Masked under runc (read as empty); gVisor has no /proc/locks.",
+    ),
+    Case(
+        id="info-host-counter-files",
+        klass=CaseClass.INFORMATION,
+        title="the host's file locks, disk reads, huge-page and NUMA node counts are not readable",
+        code=code(f"""
+            readable = []
+            for path in {HOST_COUNTER_FILES!r}:
+                try:
+                    with open(path) as handle:
+                        if any(char.isdigit() for char in handle.read(4096)):
+                            readable.append(path)
+                except OSError:
+                    pass
+            report(readable=readable)
+        """),
+        contained=lambda obs: obs.facts()["readable"] == [],
+        severity=Severity.MEDIUM,
+        reference="retool_exec red-team round of 2026-12-05 (fifteenth): under runc calls in "
+        "different containers moved 12-16 bits exactly through the huge-page fault count, "
+        "and read another's evictions from the page cache in /proc/diskstats",
+        note="Masked under runc (read as empty or absent); gVisor has none of these files.",
+        local=Expect.HOST_DEPENDENT,
+    ),
+    Case(
+        id="info-host-rename-cookie",
+        klass=CaseClass.INFORMATION,
+        title="no call reads the host's count of renames (the cookie of inotify's move events)",
+        code=code("""
+            import struct
+            def cookies(fd):
+                os.rename("watched", "moved")
+                os.rename("moved", "watched")
+                data, found, at = os.read(fd, 4096), [], 0
+                while at < len(data):
+                    _wd, _mask, cookie, length = struct.unpack_from("iIII", data, at)
+                    found.append(cookie)
+                    at += 16 + length
+                return found
+
+            fd = libc.inotify_init1(0)
+            if fd < 0:
+                report(inotify=last_error(), moved=None)
+            else:
+                open("watched", "w").close()
+                os.mkdir("unwatched")
+                open("unwatched/a", "w").close()
+                libc.inotify_add_watch(fd, os.getcwd().encode(), 0x40 | 0x80)  # IN_MOVED_*
+                before = cookies(fd)
+                for _ in range(50):  # renames no one watches move the counter too
+                    os.rename("unwatched/a", "unwatched/b")
+                    os.rename("unwatched/b", "unwatched/a")
+                after = cookies(fd)
+                report(inotify="ok", moved=after[0] - before[-1])
+        """),
+        contained=lambda obs: obs.facts()["moved"] is None,
+        severity=Severity.MEDIUM,
+        reference="retool_exec red-team round of 2026-12-05 (fifteenth): the cookie counts "
+        "every rename on the host; under runc a call's renames moved the cookie a call in "
+        "another container read by exactly what was sent (14 bits of 14)",
+        note="The calls' filter refuses inotify_init and inotify_init1 (ENOSYS); gVisor's "
+        "cookies are its own, but the filter refuses them there too.",
+    ),
+    Case(
+        id="info-host-audit-session",
+        klass=CaseClass.INFORMATION,
+        title="a call cannot set its audit login uid (each setting takes a new audit session "
+        "id from one counter for the host)",
+        code=code("""
+            def attempt():
+                try:
+                    with open("/proc/self/loginuid", "wb", buffering=0) as handle:
+                        handle.write(b"0")
+                    return "ok"
+                except OSError as exc:
+                    return why(exc)
+
+            read, write = os.pipe()
+            child = os.fork()
+            if child == 0:  # a new process: the write is allowed once per process, if unset
+                os.write(write, attempt().encode())
+                os._exit(0)
+            os.waitpid(child, 0)
+            report(child=os.read(read, 100).decode(), own=attempt())
+        """),
+        contained=lambda obs: "ok" not in (obs.facts()["child"], obs.facts()["own"]),
+        severity=Severity.MEDIUM,
+        reference="retool_exec red-team round of 2026-12-05 (fifteenth): under runc the "
+        "agent's login uid was unset, so every call process could set it once, moving the "
+        "host's audit session counter that a call in another container read exactly",
+        local=Expect.HOST_DEPENDENT,
+        note="The agent sets the login uid as root at start (the calls' uid); changing it "
+        "then needs CAP_AUDIT_CONTROL. gVisor refuses the write.",
+    ),
+    Case(
+        id="info-host-socket-cookie",
+        klass=CaseClass.INFORMATION,
+        title="a socket's cookie (one counter for the host) is not given to calls",
+        code=code("""
+            import socket, struct
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                try:
+                    cookie = struct.unpack("Q", sock.getsockopt(socket.SOL_SOCKET, 57, 8))[0]
+                except OSError as exc:
+                    cookie = why(exc)
+            report(cookie=cookie)
+        """),
+        contained=lambda obs: not isinstance(obs.facts()["cookie"], int),
+        severity=Severity.LOW,
+        reference="retool_exec red-team round of 2026-12-05 (fifteenth): under runc two calls "
+        "in different containers pinned to one CPU moved the socket cookie counter exactly",
+        note="The calls' filter refuses getsockopt's SO_COOKIE (ENOPROTOOPT); gVisor has none.",
+    ),
+    Case(
+        id="info-host-page-cache-drop",
+        klass=CaseClass.INFORMATION,
+        title="a call cannot drop a file's pages from the host's shared page cache",
+        code=code("""
+            fd = os.open(sys.executable, os.O_RDONLY)  # a file of the image, shared by all
+            try:
+                os.posix_fadvise(fd, 0, 4096, os.POSIX_FADV_DONTNEED)
+                dropped = "ok"
+            except OSError as exc:
+                dropped = why(exc)
+            finally:
+                os.close(fd)
+            report(dropped=dropped)
+        """),
+        contained=lambda obs: obs.facts()["dropped"] != "ok",
+        severity=Severity.LOW,
+        reference="retool_exec red-team round of 2026-12-05 (fifteenth): under runc a call "
+        "evicted image files with POSIX_FADV_DONTNEED and read them again; a call in another "
+        "container counted the disk reads (about 99% of what was sent)",
+        note="The calls' filter refuses POSIX_FADV_DONTNEED (EPERM); other advice stays. "
+        "Locally it drops one page of the interpreter's file from the host's cache.",
     ),
 )

@@ -642,7 +642,10 @@ _INOTIFY_NEIGHBOUR = code("""
 def _neighbour_unaffected(obs: Observation) -> bool:
     """Every inotify_init1 of the neighbour succeeded; some ran while the attack held all
     it could (wall-clock times: containers share the host's clock)."""
-    start, end = obs.facts()["held"]
+    facts = obs.facts()
+    if facts["instances"] == 0 and facts["error"] == "ENOSYS":
+        return True  # calls can make no instance (the calls' filter): none held, none short
+    start, end = facts["held"]
     attempts = obs.neighbour_facts()["attempts"]
     if any(outcome != "ok" for _, outcome in attempts):
         return False  # refused during the hold or after it: either way the attack reached it
