@@ -130,11 +130,12 @@ class DockerConfig(BackendConfigBase):
     only a process running threads on more than one CPU can reach)."""
     loopback_ip: bool | None = None
     """Whether calls may open IP sockets, TCP and UDP (on their own loopback: there is no
-    other network); a refused one fails with EACCES (a ``PermissionError``). None: only
-    under gVisor. Why not under runc: there the host kernel keeps figures for all
-    containers at once that IP sockets move, which calls in different containers used
-    as channels: TCP's source-port table (docs/security.md, finding 30) and the socket
-    memory counts in ``/proc/net/sockstat`` (finding 36); gVisor keeps its own. Unix
+    other network), and netlink ones; a refused one fails with EACCES (a
+    ``PermissionError``). None: only under gVisor. Why not under runc: there the host
+    kernel keeps figures for all containers at once that these sockets move, which calls
+    in different containers used as channels: TCP's source-port table (docs/security.md,
+    finding 30), the socket memory counts in ``/proc/net/sockstat`` (finding 36), the
+    ARP and route lookup counts netlink requests move (finding 37); gVisor keeps its own. Unix
     sockets and resolving ``localhost`` work everywhere. In ``reuse``, a call that made
     TCP connections retires its container (they leave kernel state behind)."""
     tmpfs_mb: int = Field(default=64, ge=1, le=1 << 16)

@@ -81,7 +81,7 @@ def expected(
         return REFUSE if arg0 & agent.CLONE_REFUSED else ALLOW
     if nr in agent.SOCKET_SYSCALLS[machine]:
         family = arg0 & 0xFFFFFFFF
-        if not ip and family in agent.INET_FAMILIES:
+        if not ip and family in agent.NO_IP_FAMILIES:
             return NO_IP
         return ALLOW if family in agent.ALLOWED_FAMILIES else NO_FAMILY
     for number, argument in agent.OWN_PROCESS_SYSCALLS[machine]:
@@ -128,9 +128,9 @@ def test_sockets_of_other_families_than_unix_inet_and_netlink_are_refused(machin
 
 
 @pytest.mark.parametrize("machine", sorted(agent.AUDIT_ARCH))
-def test_without_ip_there_is_no_inet_socket_of_any_type(machine: str) -> None:
-    """``DockerConfig(loopback_ip=False)``: no TCP, UDP, ping, SCTP..., whatever flags
-    ride in the type; unix sockets of every type and netlink stay."""
+def test_without_ip_there_is_no_inet_or_netlink_socket_of_any_type(machine: str) -> None:
+    """``DockerConfig(loopback_ip=False)``: no TCP, UDP, ping, SCTP..., no netlink,
+    whatever flags ride in the type; unix sockets of every type stay."""
     sock_stream, sock_dgram, nonblock_cloexec = 1, 2, 0x800 | 0x80000
     arch = agent.AUDIT_ARCH[machine]
     for ip, want in ((True, ALLOW), (False, NO_IP)):
@@ -141,7 +141,9 @@ def test_without_ip_there_is_no_inet_socket_of_any_type(machine: str) -> None:
                     assert run_bpf(program, arch=arch, nr=nr, arg0=family, arg1=kind) == want
             for kind in (sock_stream, sock_dgram, sock_dgram | nonblock_cloexec, 5):
                 assert run_bpf(program, arch=arch, nr=nr, arg0=AF_UNIX, arg1=kind) == ALLOW
-            assert run_bpf(program, arch=arch, nr=nr, arg0=AF_NETLINK, arg1=3) == ALLOW
+            for protocol in (0, 4, 16):  # route, sock_diag, generic
+                netlink = run_bpf(program, arch=arch, nr=nr, arg0=AF_NETLINK, arg1=3, arg2=protocol)
+                assert netlink == want, protocol
             assert run_bpf(program, arch=arch, nr=nr, arg0=AF_VSOCK, arg1=1) == NO_FAMILY
 
 

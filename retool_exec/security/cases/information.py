@@ -603,4 +603,56 @@ CASES: tuple[Case, ...] = (
         note="The calls' filter refuses POSIX_FADV_DONTNEED (EPERM); other advice stays. "
         "Locally it drops one page of the interpreter's file from the host's cache.",
     ),
+    Case(
+        id="info-host-route-lookups",
+        klass=CaseClass.INFORMATION,
+        title="route lookups a call asks netlink for do not move the host's route counters "
+        "it can read (in_martian_* of /proc/<pid>/net/stat/rt_cache)",
+        code=code("""
+            import socket, struct
+            LOOKUPS = 200
+
+            def martians():
+                with open(f"/proc/{os.getpid()}/net/stat/rt_cache") as handle:
+                    names, *cpus = [line.split() for line in handle]
+                wanted = [names.index(name) for name in ("in_martian_dst", "in_martian_src")]
+                return sum(int(cpu[index], 16) for cpu in cpus for index in wanted)
+
+            try:
+                before = martians()
+            except (OSError, ValueError) as exc:
+                before = why(exc)
+            try:
+                with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0) as sock:
+                    attributes = (struct.pack("=HH4s", 8, 1, socket.inet_aton("127.0.0.1"))
+                                  + struct.pack("=HH4s", 8, 2, bytes(4))  # from 0.0.0.0
+                                  + struct.pack("=HHi", 8, 3, 1))  # arriving on lo
+                    body = struct.pack("=BBBBBBBBI", socket.AF_INET, 32, 32, 0, 0, 0, 0, 0, 0)
+                    for number in range(LOOKUPS):  # RTM_GETROUTE: a lookup, no packet
+                        sock.send(struct.pack("=IHHII", 16 + len(body + attributes), 26, 1,
+                                              number, 0) + body + attributes)
+                        sock.recv(65536)
+                asked = LOOKUPS
+            except OSError as exc:
+                asked = why(exc)
+            try:
+                after = martians()
+            except (OSError, ValueError) as exc:
+                after = why(exc)
+            moved = after - before if isinstance(before, int) and isinstance(after, int) else None
+            report(asked=asked, before=before, moved=moved)
+        """),
+        contained=lambda obs: (
+            not (obs.facts()["moved"] or 0) >= obs.facts()["asked"] // 2
+            if isinstance(obs.facts()["asked"], int)
+            else True
+        ),
+        severity=Severity.MEDIUM,
+        reference="retool_exec red-team round of 2026-12-05 (fifteenth): under runc route and "
+        "neighbour lookups on lo moved host-wide counters that calls in other containers read "
+        "exactly (12-16 bits of 12-16)",
+        note="Under runc calls get no netlink socket unless DockerConfig(loopback_ip=True), "
+        "which brings the channel back; gVisor keeps its own figures (its file is absent).",
+        local=Expect.HOST_DEPENDENT,
+    ),
 )

@@ -238,6 +238,6 @@ CASES: tuple[Case, ...] = (
         "beyond these is kernel surface no tool code needs",
         local=Expect.HOST_DEPENDENT,
         note="AF_UNIX 1, AF_INET 2, AF_INET6 10 (under runc only with DockerConfig("
-        "loopback_ip=True)), AF_NETLINK 16 (glibc's getaddrinfo uses it).",
+        "loopback_ip=True)), AF_NETLINK 16 (the same).",
     ),
 )

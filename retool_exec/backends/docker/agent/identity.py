@@ -287,7 +287,7 @@ POSIX_FADV_DONTNEED = 4
 SOCKET_SYSCALLS = {"x86_64": (41, 53), "aarch64": (198, 199)}
 """socket and socketpair, whose first argument is the address family."""
 ALLOWED_FAMILIES = (1, 2, 10, 16)
-"""AF_UNIX, AF_INET, AF_INET6, AF_NETLINK (which glibc's getaddrinfo uses). Any other
+"""AF_UNIX, AF_INET, AF_INET6, AF_NETLINK (the last three where IP is on). Any other
 family is refused with EAFNOSUPPORT: AF_VSOCK, which Docker's profile allows before
 Engine 23, is not namespaced at all (every container shares one port space, a channel
 across containers, and it reaches the hypervisor's host where there is one); the rest
@@ -303,7 +303,19 @@ or ``TCP: mem``, which ``/proc/net/sockstat`` shows in every container, and no p
 mask covers (``/proc/net`` is each process's own): two calls running at once in
 different containers moved 48 bits of 48 through it with unread loopback UDP data
 (fourteenth round, finding 36). Without IP sockets a call moves none of these.
-Unix sockets, netlink (``getaddrinfo``) and resolving ``localhost`` stay."""
+Unix sockets and resolving ``localhost`` stay."""
+NETLINK_FAMILY = 16
+"""AF_NETLINK, refused with EACCES where IP is off, as IP is. Under runc some of its
+requests move counters the host keeps for all containers, which its dumps and
+``/proc/<pid>/net/stat`` show in every container: a neighbour lookup on ``lo`` moves the
+ARP table's ``lookups``, a route lookup from ``lo`` to or from 0.0.0.0 ``in_martian_*``;
+calls in different containers moved 12-16 bits exactly through each (fifteenth red-team
+round). A seccomp filter cannot read the messages, so the family goes. glibc's
+``getaddrinfo`` asks netlink only which address families are configured and assumes
+both without it; ``socket.if_nameindex`` and listing interfaces fail (there is only
+``lo``)."""
+NO_IP_FAMILIES = (*INET_FAMILIES, NETLINK_FAMILY)
+"""The families refused with EACCES where IP is off."""
 NAMESPACE_SYSCALLS = {"x86_64": (272, 308), "aarch64": (97, 268)}
 """unshare and setns, refused with EPERM (as to a process without the capability). Under
 gVisor a call could make a user namespace of its own and then held, in gVisor's checks,
@@ -362,12 +374,12 @@ def syscall_filter(machine: str, *, ip: bool = True) -> bytes:
 
     Only on the native ABI (x32 and other architectures are refused); an ``int``
     argument (a family, a pid, clone's flags) is read from its low 32 bits, all the
-    kernel reads of it. ``ip`` false: no socket of ``INET_FAMILIES``, EACCES.
+    kernel reads of it. ``ip`` false: no socket of ``NO_IP_FAMILIES``, EACCES.
     """
     to_inet: list[_Instruction] = []
     inet: list[_Instruction] = []
     if not ip:
-        to_inet = [("", _BPF_JEQ_K, "inet", 0, family) for family in INET_FAMILIES]
+        to_inet = [("", _BPF_JEQ_K, "inet", 0, family) for family in NO_IP_FAMILIES]
         inet = [("inet", _BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | EACCES)]
     arch, denied = AUDIT_ARCH[machine], DENIED_SYSCALLS[machine]
     clone, clone3 = CLONE_SYSCALLS[machine]
