@@ -181,11 +181,19 @@ CASES: tuple[Case, ...] = (
         title="only the loopback interface exists",
         code=code("""
             import socket
-            report(sys_class_net=sorted(os.listdir("/sys/class/net")),
-                   if_nameindex=sorted(name for _, name in socket.if_nameindex()))
+            try:
+                by_netlink = sorted(name for _, name in socket.if_nameindex())
+            except PermissionError:  # no netlink socket for calls (runc): nothing to list with
+                by_netlink = None
+            with open("/proc/net/dev") as handle:
+                in_proc = sorted(line.split(":")[0].strip() for line in handle if ":" in line)
+            report(sys_class_net=sorted(os.listdir("/sys/class/net")), proc_net_dev=in_proc,
+                   if_nameindex=by_netlink)
         """),
         contained=lambda obs: (
-            obs.facts()["sys_class_net"] == ["lo"] and obs.facts()["if_nameindex"] == ["lo"]
+            obs.facts()["sys_class_net"] == ["lo"]
+            and obs.facts()["proc_net_dev"] == ["lo"]
+            and obs.facts()["if_nameindex"] in (["lo"], None)
         ),
         severity=Severity.CRITICAL,
         reference="CIS Docker 5.9; epicbox network_disabled test",
