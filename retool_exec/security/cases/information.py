@@ -625,7 +625,7 @@ CASES: tuple[Case, ...] = (
             try:
                 with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0) as sock:
                     attributes = (struct.pack("=HH4s", 8, 1, socket.inet_aton("127.0.0.1"))
-                                  + struct.pack("=HH4s", 8, 2, bytes(4))  # from 0.0.0.0
+                                  + struct.pack("=HH4s", 8, 2, bytes(4))  # from the zero address
                                   + struct.pack("=HHi", 8, 3, 1))  # arriving on lo
                     body = struct.pack("=BBBBBBBBI", socket.AF_INET, 32, 32, 0, 0, 0, 0, 0, 0)
                     for number in range(LOOKUPS):  # RTM_GETROUTE: a lookup, no packet
