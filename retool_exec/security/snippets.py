@@ -60,6 +60,19 @@ def last_error():
     return errno.errorcode.get(number, str(number))
 
 
+def readable_counts(paths):
+    """The paths whose start (4 KiB) holds a digit: a count this call can read."""
+    readable = []
+    for path in paths:
+        try:
+            with open(path) as handle:
+                if any(char.isdigit() for char in handle.read(4096)):
+                    readable.append(path)
+        except OSError:
+            pass
+    return readable
+
+
 def name_process():
     """Name this process after the run's token, so the host can find it if it is left."""
     libc.prctl(15, TOKEN.encode(), 0, 0, 0)

@@ -81,6 +81,14 @@ HOST_COUNTER_FILES = (
 another: the host's file locks, disk reads, huge-page faults and a node's memory counts."""
 
 
+def _route_lookups_unseen(obs: Observation) -> bool:
+    """No lookup could be asked, or the counters did not rise by half of those asked."""
+    facts = obs.facts()
+    if not isinstance(facts["asked"], int):
+        return True  # refused: no netlink socket
+    return bool((facts["moved"] or 0) < facts["asked"] // 2)
+
+
 def _only_own_processes(obs: Observation) -> bool:
     return bool(obs.facts()["strangers"] == [])
 
@@ -285,15 +293,8 @@ CASES: tuple[Case, ...] = (
         "to move them",
         code=code("""
             import mmap
-            PATHS = ("/proc/vmstat", "/proc/zoneinfo", "/proc/buddyinfo", "/proc/pagetypeinfo")
-            readable = []
-            for path in PATHS:
-                try:
-                    with open(path) as handle:
-                        if any(char.isdigit() for char in handle.read(4096)):
-                            readable.append(path)
-                except OSError:
-                    pass
+            readable = readable_counts(
+                ("/proc/vmstat", "/proc/zoneinfo", "/proc/buddyinfo", "/proc/pagetypeinfo"))
             page = mmap.mmap(-1, 4096)
             page[0:1] = b"x"
             address = ctypes.c_void_p(ctypes.addressof(ctypes.c_char.from_buffer(page)))
@@ -473,15 +474,7 @@ CASES: tuple[Case, ...] = (
         klass=CaseClass.INFORMATION,
         title="the host's file locks, disk reads, huge-page and NUMA node counts are not readable",
         code=code(f"""
-            readable = []
-            for path in {HOST_COUNTER_FILES!r}:
-                try:
-                    with open(path) as handle:
-                        if any(char.isdigit() for char in handle.read(4096)):
-                            readable.append(path)
-                except OSError:
-                    pass
-            report(readable=readable)
+            report(readable=readable_counts({HOST_COUNTER_FILES!r}))
         """),
         contained=lambda obs: obs.facts()["readable"] == [],
         severity=Severity.MEDIUM,
@@ -642,11 +635,7 @@ CASES: tuple[Case, ...] = (
             moved = after - before if isinstance(before, int) and isinstance(after, int) else None
             report(asked=asked, before=before, moved=moved)
         """),
-        contained=lambda obs: (
-            not (obs.facts()["moved"] or 0) >= obs.facts()["asked"] // 2
-            if isinstance(obs.facts()["asked"], int)
-            else True
-        ),
+        contained=_route_lookups_unseen,
         severity=Severity.MEDIUM,
         reference="retool_exec red-team round of 2026-12-05 (fifteenth): under runc route and "
         "neighbour lookups on lo moved host-wide counters that calls in other containers read "
