@@ -504,6 +504,8 @@ CASES: tuple[Case, ...] = (
             if fd < 0:
                 report(inotify=last_error(), moved=None)
             else:
+                import tempfile
+                os.chdir(tempfile.mkdtemp())  # its own, not the cwd: local runs share theirs
                 open("watched", "w").close()
                 os.mkdir("unwatched")
                 open("unwatched/a", "w").close()
