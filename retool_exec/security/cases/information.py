@@ -449,9 +449,10 @@ CASES: tuple[Case, ...] = (
             report(samples=samples, seen=seen)
         """),
         neighbour=code(f"""
-            import fcntl, struct
+            import fcntl, struct, tempfile
             try:
-                handle = os.open("neighbour-lock", os.O_RDWR | os.O_CREAT, 0o600)
+                locked = tempfile.TemporaryFile()  # nameless: nothing left in a shared cwd
+                handle = locked.fileno()
                 lock = struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, {LOCK_MARK}, 1, 0)
                 fcntl.fcntl(handle, 37, lock)  # F_OFD_SETLK: an open file description's lock
                 time.sleep(2.0)
@@ -505,16 +506,17 @@ CASES: tuple[Case, ...] = (
                 report(inotify=last_error(), moved=None)
             else:
                 import tempfile
-                os.chdir(tempfile.mkdtemp())  # its own, not the cwd: local runs share theirs
-                open("watched", "w").close()
-                os.mkdir("unwatched")
-                open("unwatched/a", "w").close()
-                libc.inotify_add_watch(fd, os.getcwd().encode(), 0x40 | 0x80)  # IN_MOVED_*
-                before = cookies(fd)
-                for _ in range(50):  # renames no one watches move the counter too
-                    os.rename("unwatched/a", "unwatched/b")
-                    os.rename("unwatched/b", "unwatched/a")
-                after = cookies(fd)
+                with tempfile.TemporaryDirectory() as own:  # not the cwd: local runs share it
+                    os.chdir(own)
+                    open("watched", "w").close()
+                    os.mkdir("unwatched")
+                    open("unwatched/a", "w").close()
+                    libc.inotify_add_watch(fd, own.encode(), 0x40 | 0x80)  # IN_MOVED_*
+                    before = cookies(fd)
+                    for _ in range(50):  # renames no one watches move the counter too
+                        os.rename("unwatched/a", "unwatched/b")
+                        os.rename("unwatched/b", "unwatched/a")
+                    after = cookies(fd)
                 report(inotify="ok", moved=after[0] - before[-1])
         """),
         contained=lambda obs: obs.facts()["moved"] is None,
