@@ -4,8 +4,8 @@
     python benchmarks/cpu_breakdown.py --policy fresh --calls 60 --callers 16 --pool-size 4
     python benchmarks/cpu_breakdown.py --client --calls 2000
 
-Reuse: the containers' CPU (their cgroups) split into the supervisor (uid
-65533), the zygote (65532) and the call processes (the rest), plus this
+Reuse: the containers' CPU (their cgroups) split into the supervisor, the
+zygotes (told apart by uid) and the call processes (the rest), plus this
 process and dockerd/containerd/shims, per call, and the containers' page
 faults per call (mostly a child's copies of the zygote's pages). Fresh: the CPU of every host
 process (children reaped by a process count for it) per call, by command
@@ -26,6 +26,7 @@ from typing import Any
 
 from retool_exec import Sandbox
 from retool_exec.backends.config import DockerConfig
+from retool_exec.backends.docker.hardening import agent_role
 
 HZ = os.sysconf("SC_CLK_TCK")
 LABELS = {"org.retool_exec.test": "cpu-breakdown"}
@@ -135,10 +136,11 @@ def measure(sandbox: Sandbox, code: str, calls: int) -> tuple[float, Callable[[]
         ms = 1000 / calls
         hosts0, agents0, cg0, client0, busy0, faults0 = before
         hosts1, agents1, cg1, client1, busy1, faults1 = after
-        roles = {65533: 0, 65532: 0}
+        roles = {"supervisor": 0, "zygote": 0}
         for pid, (uid, ticks) in agents1.items():
-            if pid in agents0 and uid in roles:
-                roles[uid] += ticks - agents0[pid][1]
+            role = agent_role(uid)
+            if pid in agents0 and role is not None:
+                roles[role] += ticks - agents0[pid][1]
         daemons = sum(
             hosts1[p][1] - hosts0[p][1] for p in hosts1 if p in hosts0 and hosts1[p][0] in DAEMONS
         )
@@ -147,8 +149,8 @@ def measure(sandbox: Sandbox, code: str, calls: int) -> tuple[float, Callable[[]
             by_command[comm] = by_command.get(comm, 0) + total - hosts0.get(pid, (comm, 0, 0))[2]
         return {
             "containers": (cg1 - cg0) * ms,
-            "supervisor": roles[65533] / HZ * ms,
-            "zygote": roles[65532] / HZ * ms,
+            "supervisor": roles["supervisor"] / HZ * ms,
+            "zygote": roles["zygote"] / HZ * ms,
             "client": (client1 - client0) * ms,
             "daemons": daemons / HZ * ms,
             "machine": (busy1 - busy0) * ms,

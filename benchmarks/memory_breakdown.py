@@ -8,7 +8,7 @@ Starts a docker-reuse pool, runs two calls per container, and prints per
 container the working set (the cgroup's usage minus inactive file cache, as
 ``docker stats`` and the benchmark count it) split into anonymous memory and
 page cache, then for one container the resident anonymous memory of the
-supervisor (uid 65533), the zygote (65532) and the spare child forked for
+supervisor, the zygotes (told apart by uid) and the spare child forked for
 the next call, with how much of it sits in 2 MiB pages. Linux, cgroup v1 or
 v2, run as root (it reads the agents' ``/proc`` entries).
 """
@@ -23,9 +23,9 @@ import docker
 
 from retool_exec import Sandbox
 from retool_exec.backends.config import DockerConfig
+from retool_exec.backends.docker.hardening import agent_role
 
 LABELS = {"org.retool_exec.test": "memory-breakdown"}
-ROLES = {65533: "supervisor", 65532: "zygote"}
 MIB = 1024 * 1024
 
 
@@ -69,7 +69,7 @@ def agent_processes(container_pid: int) -> list[tuple[str, dict[str, int]]]:
             "in 2 MiB pages kB": int(rollup["AnonHugePages"].split()[0]),
             "page tables kB": int(status["VmPTE"].split()[0]),
         }
-        found.append((ROLES.get(uid, f"spare child (uid {uid})"), figures))
+        found.append((agent_role(uid) or f"spare child (uid {uid})", figures))
     return found
 
 

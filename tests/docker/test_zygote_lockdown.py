@@ -15,12 +15,12 @@ import pytest
 
 from retool_exec import DockerConfig, Outcome, Sandbox
 from retool_exec.backends.docker.agent import identity, wire
+from retool_exec.backends.docker.containers import LABEL_UID
 from tests.conftest import LABELS, require_docker
 from tests.docker.pool_probes import pool_containers
 
 pytestmark = pytest.mark.docker
 
-ZYGOTE_UID = wire.ZYGOTE_USER.partition(":")[0]
 SERVING = identity.capability_mask(wire.ZYGOTE_SERVING_CAPABILITIES)
 
 CALL_PROBE = f"""
@@ -55,9 +55,11 @@ def test_zygotes_hold_what_their_calls_inherit_and_no_more(runtime: str) -> None
         client = docker.from_env()
         try:
             top = client.api.top(container_id, ps_args="-eo pid,uid")
+            calls_uid = int(client.containers.get(container_id).labels[LABEL_UID])
         finally:
             client.close()
-        zygotes = [int(pid) for pid, uid in top["Processes"] if uid.strip() == ZYGOTE_UID]
+        zygote_uid = wire.agent_users(calls_uid)[1].partition(":")[0]
+        zygotes = [int(pid) for pid, uid in top["Processes"] if uid.strip() == zygote_uid]
         assert len(zygotes) == 2, top  # the full zygote and the light one
         for pid in zygotes:
             status = _status(pid)

@@ -214,13 +214,15 @@ def test_runc_gets_no_nproc_limit_because_it_would_count_the_whole_host() -> Non
     assert all(u["Name"] != "nproc" for u in hc["ulimits"])
 
 
-def test_each_container_gets_its_own_calls_uid_recorded_in_a_label() -> None:
+def test_each_container_gets_its_own_calls_and_agent_uids_recorded_in_a_label() -> None:
     from retool_exec.backends.docker.hardening import with_sandbox_uid
 
     base = spec()
     one = with_sandbox_uid(base, 250_001, "uid-label")
     command = one.create["command"]
     assert command[command.index("--sandbox-user") + 1] == "250001:250001"
+    assert command[command.index("--agent-user") + 1] == "1250001:1250001"
+    assert command[command.index("--zygote-user") + 1] == "2250001:2250001"
     assert one.create["labels"]["uid-label"] == "250001"
     assert base.create["command"] != command  # the shared spec is not changed
     with pytest.raises(ValueError):
@@ -235,3 +237,25 @@ def test_docker_s_masked_paths_are_kept_and_the_host_s_file_counts_are_added() -
     assert set(DOCKER_MASKED_PATHS) <= set(masked)
     assert {"/proc/kcore", "/proc/keys", "/sys/firmware", "/proc/sys/fs/file-nr"} <= set(masked)
     assert spec(runtime="runsc").host_config_fields == spec().host_config_fields
+
+
+def test_the_calls_the_supervisor_and_the_zygotes_uids_never_meet_across_containers() -> None:
+    """Each container's three uids come from three disjoint ranges, so no uid of one
+    container is any uid of another live one (findings 38, 39), and the benchmarks
+    can tell the agent's processes apart by uid."""
+    from retool_exec.backends.docker.agent import wire
+    from retool_exec.backends.docker.hardening import agent_role
+
+    low, high = wire.SANDBOX_UID_RANGE
+    edges = (low, low + 1, high - 1, high)
+    supervisors = {int(wire.agent_users(uid)[0].partition(":")[0]) for uid in edges}
+    zygotes = {int(wire.agent_users(uid)[1].partition(":")[0]) for uid in edges}
+    assert max(edges) < min(supervisors) and max(supervisors) < min(zygotes)
+    assert {agent_role(uid) for uid in supervisors} == {"supervisor"}
+    assert {agent_role(uid) for uid in zygotes} == {"zygote"}
+    assert {agent_role(uid) for uid in edges} == {None}
+    assert (agent_role(65533), agent_role(65532), agent_role(65534)) == (
+        "supervisor",
+        "zygote",
+        None,
+    )

@@ -27,6 +27,7 @@ __all__ = [
     "SANDBOX_HOSTNAME",
     "SANDBOX_USER",
     "ContainerSpec",
+    "agent_role",
     "container_spec",
     "is_gvisor",
     "with_sandbox_uid",
@@ -274,16 +275,21 @@ def _without_a_network(
 
 
 def with_sandbox_uid(spec: ContainerSpec, uid: int, label: str) -> ContainerSpec:
-    """``spec`` for one container whose calls run as ``uid`` (recorded in ``label``).
+    """``spec`` for one container whose calls run as ``uid`` (recorded in ``label``), and
+    whose supervisor and zygotes run as the uids derived from it (``wire.agent_users``).
 
     The uid is allocated per container (``wire.SANDBOX_UID_RANGE``), so per-uid
-    kernel limits are never shared between two live containers on a host.
+    kernel limits are never shared between two live containers on a host, neither
+    the calls' nor the agent's.
     """
     low, high = wire.SANDBOX_UID_RANGE
     if not low <= uid <= high:
         raise ValueError(f"sandbox uid {uid} is outside {low}..{high}")
     command = list(spec.create["command"])
-    command[command.index("--sandbox-user") + 1] = f"{uid}:{uid}"
+    agent, zygote = wire.agent_users(uid)
+    users = {"--sandbox-user": f"{uid}:{uid}", "--agent-user": agent, "--zygote-user": zygote}
+    for option, user in users.items():
+        command[command.index(option) + 1] = user
     create = {
         **spec.create,
         "command": command,
@@ -292,3 +298,16 @@ def with_sandbox_uid(spec: ContainerSpec, uid: int, label: str) -> ContainerSpec
     return ContainerSpec(
         create=create, host_config=spec.host_config, host_config_fields=spec.host_config_fields
     )
+
+
+def agent_role(uid: int) -> str | None:
+    """ "supervisor" or "zygote" for an agent process's uid, seen from the host's /proc
+    (benchmarks tell the agent's processes apart by it); None for any other uid."""
+    low, high = wire.SANDBOX_UID_RANGE
+    for role, offset, default in (
+        ("supervisor", wire.AGENT_UID_OFFSET, AGENT_USER),
+        ("zygote", wire.ZYGOTE_UID_OFFSET, ZYGOTE_USER),
+    ):
+        if low + offset <= uid <= high + offset or str(uid) == default.partition(":")[0]:
+            return role
+    return None

@@ -188,15 +188,32 @@ class ResetFrame(TypedDict, total=False):
 CONTAINER_USER = "0:0"
 """Only the supervisor's first instructions run as root: it drops at once."""
 AGENT_USER = "65533:65533"
-"""The supervisor's uid (PID 1): holds call data, so no call's uid may reach it."""
+"""The supervisor's uid (PID 1): holds call data, so no call's uid may reach it. Only
+where the host allocates no uids (image checks); see ``agent_users``."""
 ZYGOTE_USER = "65532:65532"
-"""The zygote's uid: it forks the calls and never sees their data."""
+"""The zygote's uid: it forks the calls and never sees their data (likewise)."""
 DEFAULT_SANDBOX_USER = "65534:65534"
 """nobody: the calls' uid when the host does not allocate one per container."""
 SANDBOX_UID_RANGE = (200_000, 999_999)
 """Per-container call uids are drawn from here, so no two live containers on a
 host share one, and per-uid kernel limits (inotify, pending signals, pipe
 pages, message queues, RLIMIT_NPROC) are never shared between containers."""
+AGENT_UID_OFFSET, ZYGOTE_UID_OFFSET = 1_000_000, 2_000_000
+"""A container whose calls run as ``u`` runs its supervisor as ``u + AGENT_UID_OFFSET``
+and its zygotes as ``u + ZYGOTE_UID_OFFSET``: three ranges that cannot meet, each uid
+unique on the host while its container lives. Why: the kernel charges some objects a
+call makes the agent hold to the agent's uid: descriptors in flight to the
+supervisor's sends (checked against RLIMIT_NOFILE, finding 38) and pages of the pipes
+it makes (``pipe-user-pages-soft``, finding 39). With one agent uid for every
+container, a call exhausted them for every other container on the host."""
+
+
+def agent_users(sandbox_uid: int) -> tuple[str, str]:
+    """The supervisor's and the zygotes' ``uid:gid`` for a container whose calls run as
+    ``sandbox_uid`` (one from ``SANDBOX_UID_RANGE``)."""
+    agent, zygote = sandbox_uid + AGENT_UID_OFFSET, sandbox_uid + ZYGOTE_UID_OFFSET
+    return f"{agent}:{agent}", f"{zygote}:{zygote}"
+
 
 CAP_SETGID, CAP_SETUID, CAP_SETPCAP = 6, 7, 8
 CAPABILITY_NAMES = {CAP_SETGID: "SETGID", CAP_SETUID: "SETUID", CAP_SETPCAP: "SETPCAP"}
