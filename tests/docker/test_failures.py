@@ -301,6 +301,30 @@ def test_a_notebook_that_stops_taking_cells_times_out_on_time_and_once(
     assert (after.outcome, after.stdout) == (Outcome.SUCCESS, "next\n")
 
 
+def test_a_notebook_whose_cells_only_peek_at_the_next_ends_at_the_first_left_unread() -> None:
+    """Cell 0 makes the process read later cells with MSG_PEEK, so each cell's frame and
+    its two pipes stay in flight, charged to the supervisor (finding 38). Cell 1 runs
+    with its own frame unread; cell 2 is not sent: the notebook times out there, well
+    before its limit, and no later cell runs."""
+    from retool_exec.security.cases.sessions import _PEEK_LATER_CELLS, _PEEKED_CELL
+    from retool_exec.security.snippets import PRELUDE
+    from tests.contract.test_backend_contract import run_cells
+
+    require_docker()
+    config = DockerConfig(policy="reuse", pool_size=1, timeout=10, labels=LABELS)
+    with Sandbox(config, max_workers=1) as sandbox:
+        sandbox.run_code("pass")
+        cells = [PRELUDE + _PEEK_LATER_CELLS, *[_PEEKED_CELL] * 3]
+        result = run_cells(sandbox, *cells, timeout=8)
+        after = sandbox.run_code("print('next')")
+    assert result.outcome is Outcome.TIMEOUT, result
+    assert result.latency < 4, result.latency
+    assert '"in_flight": 1' in result.stdout, result.stdout
+    assert '"in_flight": 2' not in result.stdout, result.stdout
+    assert [cell.finished for cell in result.cells] == [True, True, False, False], result
+    assert (after.outcome, after.stdout) == (Outcome.SUCCESS, "next\n")
+
+
 def test_code_too_large_once_encoded_is_rejected_before_any_container(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

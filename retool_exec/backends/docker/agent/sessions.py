@@ -139,7 +139,7 @@ def fork_session(sid: int, new_sid: int) -> dict[str, Any]:
     except OSError as exc:  # (TimeoutError too: a parent that no longer reads is no use)
         os.close(events_r)
         ours.close()
-        parent.lost = f"the session's process is gone ({exc})"
+        parent.lost = _lost_reason(exc)
         return _refused(sid, parent.lost)
     finally:
         os.close(events_w)
@@ -188,8 +188,23 @@ def _send(
     process: SessionProcess, message: dict[str, Any], fds: list[int], deadline: float
 ) -> None:
     """To the session's process by ``deadline`` (``supervisor.send_to_call``: the process
-    that reads it has run the session's code); TimeoutError when it does not take it."""
-    sv.send_to_call(process.request, wire.encode_for_call(message), fds, deadline)
+    that reads it has run the session's code); TimeoutError when it does not take it.
+
+    A process that left an earlier frame unread is killed (``UnreadFrameError``): its
+    code took over the socket, and no later cell of it could be run as sent.
+    """
+    try:
+        sv.send_to_call(process.request, wire.encode_for_call(message), fds, deadline)
+    except sv.UnreadFrameError:
+        sv.signal_call(process.pid, signal.SIGKILL)
+        raise
+
+
+def _lost_reason(exc: OSError) -> str:
+    """Why a session whose frame could not be sent is lost."""
+    if isinstance(exc, sv.UnreadFrameError):
+        return f"the session was killed: {exc}"
+    return f"the session's process is gone ({exc})"
 
 
 def _wait_started(child: sv.Child) -> bool:
@@ -312,7 +327,7 @@ def run_cell(sid: int, request: dict[str, Any]) -> dict[str, Any]:
         sv.signal_call(process.pid, signal.SIGKILL)
         process.lost = f"the session's process did not take its cell within {timeout:g} s"
     except OSError as exc:
-        process.lost = f"the session's process is gone ({exc})"
+        process.lost = _lost_reason(exc)
     finally:
         os.close(out_w)
         os.close(err_w)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import array
 import ctypes
 import errno
+import fcntl
 import json
 import os
 import select
@@ -130,14 +131,54 @@ def write_frame(fd: int, message: dict[str, Any]) -> None:
     write_all(fd, wire.encode_frame(message))
 
 
-def send_to_call(sock: socket.socket, frame: bytes, fds: list[int], deadline: float) -> None:
+SIOCOUTQ = 0x5411
+"""ioctl: bytes this end sent that the other end has not read (and freed) yet."""
+
+
+class UnreadFrameError(OSError):
+    """The call's process left an earlier frame of ours unread: nothing more is sent to it."""
+
+
+def unread_bytes(sock: socket.socket) -> int:
+    """Bytes we sent on ``sock`` that are still queued for the other end (0 where the
+    runtime cannot say)."""
+    queued = array.array("i", [0])
+    try:
+        fcntl.ioctl(sock.fileno(), SIOCOUTQ, queued, True)
+    except OSError:
+        return 0
+    return queued[0]
+
+
+def send_to_call(
+    sock: socket.socket,
+    frame: bytes,
+    fds: list[int],
+    deadline: float,
+    *,
+    check_taken: bool = True,
+) -> None:
     """Send ``frame`` to a call's process, its header carrying ``fds``, by ``deadline``.
 
     Why a deadline: once a cell has run, the process reading this socket is the
     call's to stop (or to patch), and a frame larger than the socket's buffer would
     block the agent past every deadline. Raises TimeoutError when it is not taken
     in time (the frame may be half sent: the caller ends the process).
+
+    ``check_taken``: raise UnreadFrameError, sending nothing, if an earlier frame
+    is still queued. Why: the kernel charges descriptors in flight to the
+    sender, and a cell that only peeks (``MSG_PEEK``, ``SO_PEEK_OFF``) at later
+    cells gets working copies of their pipes while the originals stay queued;
+    ~70 per call piled up against the supervisor's ``RLIMIT_NOFILE`` until
+    every descriptor-passing send failed (finding 38). Each cell is sent only
+    after the previous one ended, which a process that read it has; so at most
+    one frame's descriptors are ever in flight.
     """
+    if check_taken and (queued := unread_bytes(sock)):
+        raise UnreadFrameError(
+            f"its process left {queued} bytes of an earlier frame unread "
+            "(its code reads the request socket itself)"
+        )
     sock.settimeout(max(0.001, deadline - time.monotonic()))
     try:
         sock.sendmsg(
@@ -665,8 +706,9 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
         cell_deadline = min(deadline, time.monotonic() + limit)
         interrupted_at = None
         try:
-            send_to_call(child.request, frame, [out_w, err_w], cell_deadline)
-        except TimeoutError:
+            # Cell 0 may be sent before the process read its request (no descriptors).
+            send_to_call(child.request, frame, [out_w, err_w], cell_deadline, check_taken=index > 0)
+        except (TimeoutError, UnreadFrameError):
             cell_results[index]["timed_out"] = True
             undeliverable = True  # the process stopped taking its cells: its time is up
         finally:
