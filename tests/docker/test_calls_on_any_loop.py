@@ -194,6 +194,34 @@ def test_a_container_still_resetting_does_not_hold_up_the_call_that_drew_it() ->
     assert took < 2.0, f"the call waited {took:.1f} s on a container still resetting"
 
 
+def test_a_one_container_pool_replaces_a_container_whose_reset_runs_long() -> None:
+    """With no other container to go first, the next call does not wait out a long reset
+    (a call's leftovers make it long): past the confirmation limit the container is
+    retired and the call runs on its replacement (finding 40: 5.9-11.5 s of waiting)."""
+    require_docker()
+    from retool_exec.backends.docker.pool import RESET_CONFIRMATION_LIMIT
+
+    config = DockerConfig(policy="reuse", pool_size=1, timeout=10, labels=LABELS)
+    with Sandbox(config, max_workers=1) as sandbox:
+        sandbox.start()
+        seen = record_containers(sandbox)
+        assert sandbox.run_code("print(1)").ok
+        backend = sandbox.backend
+        assert isinstance(backend, DockerBackend) and backend.pool is not None
+        (slow,) = backend.pool._ready._items
+        deadline = time.monotonic() + 10
+        while not slow.channel.poll():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        slow.channel._pending.clear()  # its confirmation never comes: the reset still runs
+        slow.reset_due = time.monotonic() + RESET_CONFIRMATION_LIMIT
+        result = sandbox.run_code("print('replaced')")
+    assert result.stdout == "replaced\n", result
+    assert seen[-1] != slow.id
+    waited = result.queue_wait
+    assert waited < RESET_CONFIRMATION_LIMIT + 4.0, f"the call waited {waited:.1f} s"
+
+
 def test_a_call_waiting_for_a_slot_when_the_sandbox_closes_ends_and_starts_nothing() -> None:
     """Closed while a caller's loop waits for a slot: that call ends (SandboxClosedError),
     and no pool is started again on the caller's loop."""
