@@ -321,7 +321,8 @@ def test_a_notebook_whose_cells_only_peek_at_the_next_ends_at_the_first_left_unr
     assert result.latency < 4, result.latency
     assert '"in_flight": 1' in result.stdout, result.stdout
     assert '"in_flight": 2' not in result.stdout, result.stdout
-    assert [cell.finished for cell in result.cells] == [True, True, False, False], result
+    finished = [cell.finished for cell in result.cells]  # (a cell never sent is not listed)
+    assert finished[:3] == [True, True, False] and not any(finished[3:]), result
     assert (after.outcome, after.stdout) == (Outcome.SUCCESS, "next\n")
 
 

@@ -34,6 +34,69 @@ def _memory_reported(obs: Observation) -> bool:
     return (result.outcome is Outcome.OOM or memory_error) and on_time(obs)
 
 
+def _uids_apart(obs: Observation) -> bool:
+    """Contained when no uid this call sees (its own included) is one its neighbour in
+    another container sees."""
+    ours, theirs = set(obs.facts()["uids"]), set(obs.neighbour_facts()["uids"])
+    return not ours & theirs
+
+
+_SEEN_UIDS = code("""
+    uids = {os.getuid()}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/status") as handle:
+                    for line in handle:
+                        if line.startswith("Uid:"):
+                            uids.update(int(value) for value in line.split()[1:])
+            except OSError:
+                pass
+    report(uids=sorted(uids))
+""")
+
+
+SLOW_RESET_WAIT = 5.0
+"""Seconds the next call may wait for a container a call left with a long reset."""
+
+
+def _next_call_not_held_up(obs: Observation) -> bool:
+    follow = obs.follow
+    if follow is None:
+        return False
+    return follow.ok and follow.queue_wait < SLOW_RESET_WAIT
+
+
+_LONG_RESET = code("""
+    # Make the reset's work large: SysV ids swept by number where none are listed
+    # (gVisor), and many files (gVisor does not count tmpfs inodes).
+    give_up = time.monotonic() + 20.0
+    made = {}
+    calls = {"shm": (libc.shmget, libc.shmctl), "msg": (libc.msgget, libc.msgctl),
+             "sem": (libc.semget, libc.semctl)}
+    for kind, (get, control) in calls.items():
+        made[kind] = 0
+        while made[kind] < 65000 and time.monotonic() < give_up:
+            ipc_id = get(0, 1, 0o1600) if kind != "msg" else get(0, 0o1600)
+            if ipc_id < 0:
+                break
+            if kind == "sem":
+                control(ipc_id, 0, 0)
+            else:
+                control(ipc_id, 0, None)
+            made[kind] += 1
+    files = 0
+    try:
+        os.mkdir("many")
+        while files < 40000 and time.monotonic() < give_up:
+            os.close(os.open(f"many/{files}", os.O_CREAT | os.O_WRONLY, 0o600))
+            files += 1
+    except OSError:
+        pass
+    report(made=made, files=files)
+""")
+
+
 GVISOR_TMPFS = (
     "gVisor does not enforce tmpfs nr_inodes; its /tmp lives in the Sentry's memory, charged "
     "to the container (measured: 40,000 empty files = +77 MiB), so the memory limit bounds it"
@@ -629,5 +692,47 @@ CASES: tuple[Case, ...] = (
         local_reason="would take this host's AIO budget",
         note="Contained when the attack could take no AIO context at all (the agent's filter "
         "refuses AIO with ENOSYS), or when its neighbour never ran out (EAGAIN) meanwhile.",
+    ),
+    Case(
+        id="res-agent-uids-per-container",
+        klass=CaseClass.RESOURCES,
+        title="no process of a container, the agent's or the call's, runs as a uid of "
+        "another container's (no per-uid kernel limit is shared between containers)",
+        code=_SEEN_UIDS,
+        neighbour=_SEEN_UIDS,
+        contained=_uids_apart,
+        severity=Severity.HIGH,
+        reference="retool_exec red-team round of 2026-12-05 (sixteenth): every container's "
+        "supervisor ran as uid 65533, and the kernel charges descriptors in flight and pipe "
+        "pages to it: four calls held enough in flight that every supervisor on the host "
+        "failed its descriptor-passing sends (ETOOMANYREFS), and a call in another Sandbox "
+        "came back sandbox_error (findings 38, 39)",
+        exclusive=True,
+        note="Each side lists the uids of the processes it can see, its own included; "
+        "under Docker those are its container's calls', supervisor's and zygotes'. "
+        "Contained when no uid is on both lists.",
+    ),
+    Case(
+        id="res-reset-made-long",
+        klass=CaseClass.RESOURCES,
+        title="a call that leaves its container a long reset (65,000 SysV ids of each kind, "
+        "40,000 files) does not hold up the next call",
+        code=_LONG_RESET,
+        follow_up="print('next')\n",
+        contained=_next_call_not_held_up,
+        severity=Severity.MEDIUM,
+        reference="retool_exec red-team round of 2026-12-05 (sixteenth): under gVisor the "
+        "reset swept every SysV id made since the last one, with no deadline: ~6 s, 8.4 s "
+        "with 60,000 files, and the next caller of a one-container pool waited 5.9-11.5 s "
+        "for a 1 s call (finding 40)",
+        timeout=30.0,
+        exclusive=True,
+        local=Expect.NOT_APPLICABLE,
+        local_reason="the local backend has no container to reset (and its files would "
+        "land in the caller's working directory)",
+        note=f"Contained when the follow-up call waited less than {SLOW_RESET_WAIT:g} s for "
+        "its container (its queue_wait): the reset is short, or the container is retired "
+        "and replaced. Under runc the kernel lists SysV objects and /tmp has 4096 inodes, "
+        "so the reset stays short; the case is about gVisor.",
     ),
 )

@@ -12,6 +12,8 @@ interpreter's state: it runs in whatever cell is current, as in Jupyter.
 
 from __future__ import annotations
 
+import contextlib
+
 from retool_exec._models import ExecResult, Outcome
 from retool_exec.security.model import (
     Case,
@@ -141,6 +143,51 @@ _NEST_3000 = """
         os.close(old)
     os.close(fd)
 """
+
+
+_PEEK_LATER_CELLS = code("""
+    import array, socket, sys
+
+    # Take over the session's loop: read each later cell with MSG_PEEK (SO_PEEK_OFF moves
+    # the offset on), so its frame and the two pipes sent with it stay in flight, charged
+    # to the supervisor, while the cell runs as usual on the peeked copies.
+    agent = next(module for module in list(sys.modules.values())
+                 if hasattr(module, "_receive_raw") and hasattr(module, "run_session"))
+    in_flight = {"frames": 0}
+
+    def peeking_receive(sock, fds_wanted=2):
+        if not in_flight["frames"]:
+            sock.setsockopt(socket.SOL_SOCKET, 42, 0)  # SO_PEEK_OFF
+        header_size = agent.wire.FRAME_HEADER.size
+        header, ancillary, _flags, _addr = sock.recvmsg(
+            header_size, socket.CMSG_SPACE(8), socket.MSG_PEEK)
+        fds = array.array("i")
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(data[: len(data) - len(data) % 4])
+        (size,) = agent.wire.FRAME_HEADER.unpack(header)
+        payload = b""
+        while len(payload) < size:
+            payload += sock.recv(size - len(payload), socket.MSG_PEEK)
+        in_flight["frames"] += 1
+        return agent.wire.decode_for_call(payload), list(fds)
+
+    agent._receive_raw = peeking_receive
+    report(patched=True)
+""")
+
+_PEEKED_CELL = "report(in_flight=in_flight['frames'])\n"
+_PEEKED_CELLS = ("c1", "c2", "c3", "attack")
+
+
+def _one_frame_in_flight(obs: Observation) -> bool:
+    """Contained when no cell ran with more than its own frame left unread: the next one
+    was refused (the session lost), or peeking did not work at all."""
+    in_flight = [0]
+    for name in _PEEKED_CELLS:
+        with contextlib.suppress(KeyError, ValueError):  # not run, or lost before its report
+            in_flight.append(int(obs.cell_facts(name)["in_flight"]))
+    return max(in_flight) <= 1
 
 
 def _open(session: str) -> SessionStep:
@@ -832,5 +879,28 @@ CASES: tuple[Case, ...] = (
         local=Expect.CONTAINED,
         note="Contained: the fork is refused (SessionError: nested more than 64 levels) and "
         "the parent's next cell prints 42.",
+    ),
+    Case(
+        id="proto-session-peeked-cells",
+        klass=CaseClass.PROTOCOL,
+        title="a session that only peeks at its cells cannot pile the supervisor's "
+        "descriptors up in flight: the cell after one left unread ends the session",
+        code="",
+        session_steps=(
+            _open("s"),
+            _cell("s", "takeover", _PEEK_LATER_CELLS),
+            *(_cell("s", name, _PEEKED_CELL) for name in _PEEKED_CELLS),
+        ),
+        contained=_one_frame_in_flight,
+        severity=Severity.HIGH,
+        exclusive=True,
+        reference="retool_exec red-team round of 2026-12-05 (sixteenth): cells that read "
+        "their frames with MSG_PEEK left ~70 descriptors per call in flight, charged to the "
+        "supervisor's uid, until its sends failed with ETOOMANYREFS (finding 38)",
+        local=Expect.NOT_APPLICABLE,
+        local_reason="the local backend's sessions have no agent that sends cells",
+        note="Each later cell reports how many frames its session has peeked and never "
+        "read. Contained: at most its own; the supervisor finds the earlier frame still "
+        "queued (SIOCOUTQ) before sending the next, and kills the session instead.",
     ),
 )
