@@ -326,6 +326,34 @@ def test_a_notebook_whose_cells_only_peek_at_the_next_ends_at_the_first_left_unr
     assert (after.outcome, after.stdout) == (Outcome.SUCCESS, "next\n")
 
 
+def test_a_session_that_leaves_a_cell_unread_is_lost_at_its_next_cell_or_fork() -> None:
+    """The session case's takeover (``proto-session-peeked-cells``): the cell after one
+    left unread, and a fork requested then, both find the session lost, and say so as
+    SessionLostError with the reason, not as a fork's own failure (finding 38)."""
+    from retool_exec import SessionLostError
+    from retool_exec.security.cases.sessions import _PEEK_LATER_CELLS, _PEEKED_CELL
+    from retool_exec.security.snippets import PRELUDE
+
+    require_docker()
+    config = DockerConfig(policy="reuse", pool_size=1, timeout=10, labels=LABELS)
+    with Sandbox(config, max_workers=1) as sandbox:
+        for step in ("cell", "fork"):
+            with sandbox.session() as session:
+                assert session.run_code(PRELUDE + _PEEK_LATER_CELLS).ok
+                assert '"in_flight": 1' in session.run_code(_PEEKED_CELL).stdout
+                if step == "cell":
+                    lost = session.run_code(_PEEKED_CELL)
+                    assert lost.detail.startswith("session lost: the session was killed"), lost
+                    assert lost.outcome is Outcome.SIGNAL, lost
+                else:
+                    with pytest.raises(SessionLostError, match="earlier frame unread"):
+                        session.fork()
+                with pytest.raises(SessionLostError):
+                    session.run_code("print('after')")
+        after = sandbox.run_code("print('next')")
+    assert (after.outcome, after.stdout) == (Outcome.SUCCESS, "next\n")
+
+
 def test_code_too_large_once_encoded_is_rejected_before_any_container(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

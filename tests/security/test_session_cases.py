@@ -53,6 +53,7 @@ def test_the_session_cases_are_in_the_corpus() -> None:
         "proto-session-surrogate-value",
         "proto-session-fork-forged-pid",
         "res-session-fork-deep-tree",
+        "proto-session-peeked-cells",
     }
     for case in SESSION_CASES:
         assert case.exclusive  # a family holds a container: not beside other cases

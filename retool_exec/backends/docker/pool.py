@@ -38,13 +38,14 @@ log = logging.getLogger(__name__)
 
 _RESTART_BACKOFF = (0.5, 1.0, 2.0, 5.0)
 
-RESET_CONFIRMATION_LIMIT = 1.0
-"""Seconds a reuse container has to confirm its reset after a call, if a call wants it
-then; past them it is retired and replaced. A reset takes ~1 ms; only a call's leftovers
-make it long (up to the agent's 5 s budget for removing files), and the next call must
-not wait on them: a gVisor reset made long by SysV ids and files kept the next caller
-of a one-container pool waiting 5.9-11.5 s for a 1 s call under the old 10 s (finding
-40). Starting a replacement costs that caller less (~0.5-1 s)."""
+RESET_CONFIRMATION_LIMIT = 3.0
+"""Seconds after its call a reuse container has to confirm its reset, if a call draws it
+then; past them it is retired and replaced. A reset takes ~1 ms, and the agent bounds
+the work a call can leave it (1 s of file removal, 1,000 SysV ids per kind) and reports
+the container unclean past that: a gVisor reset made long by SysV ids and files kept the
+next caller of a one-container pool waiting 5.9-11.5 s for a 1 s call under the old 10 s
+(finding 40). This is the backstop for anything else; kept well above a reset's time
+when 64 callers share 2 cores, where retiring healthy containers would cost far more."""
 RESET_PATIENCE = 0.02
 """Seconds a call that drew a still-resetting container waits for it before it lets the
 other ready containers go first (a reset takes ~1 ms; a call's leftovers can make it longer)."""

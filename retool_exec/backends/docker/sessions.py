@@ -259,6 +259,9 @@ class DockerSession(SessionHandle):
             )
         except (TimeoutError, ProtocolError) as exc:
             raise SessionLostError(f"this session is gone: {self.family.lost or exc}") from exc
+        if reply.get("parent_lost"):  # e.g. its code left a frame unread: killed
+            self.lost = str(reply.get("reason"))
+            raise SessionLostError(f"this session is gone: {self.lost}")
         if not reply.get("ok"):  # the parent lives on: only the copy failed
             raise SessionError(f"the fork failed: {reply.get('reason')}")
         return DockerSession(self.family, new_sid, name=self.name)

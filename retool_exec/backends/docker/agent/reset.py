@@ -34,8 +34,12 @@ INODE_TOLERANCE = 8
 MEMORY_TOLERANCE = 24 * 1024 * 1024
 """Bytes of unreclaimable memory (anonymous + shared) above the baseline that a
 reset tolerates: the supervisor's own buffers grow and shrink with calls."""
-CLEAN_BUDGET = 5.0
-"""Seconds the removal of what a call left may take; past it the container is retired."""
+CLEAN_BUDGET = 1.0
+"""Seconds the removal of what a call left may take; past it the container is retired.
+A call's usual leftovers go in milliseconds (under runc ``/tmp`` holds at most 4096
+inodes); only a call that chose to leave a lot takes long (under gVisor, which counts
+no tmpfs inodes, 40,000 files took ~2.4 s), and the next call must not wait on that
+(finding 40): retiring costs it a new container instead."""
 SETTLE_FIRST_PAUSE, SETTLE_LONGEST_PAUSE = 0.002, 0.02
 """Between two measurements of a reset that is not yet back to the baseline, doubling:
 what the kernel frees late (a socket after an RCU grace period) mostly takes a few ms,

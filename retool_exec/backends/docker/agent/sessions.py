@@ -127,7 +127,8 @@ def open_session(sid: int, request: dict[str, Any]) -> dict[str, Any]:
 def fork_session(sid: int, new_sid: int) -> dict[str, Any]:
     parent = table.get(sid)
     if parent is None or parent.lost:
-        return _refused(sid, (parent.lost if parent else None) or "no such session")
+        reason = (parent.lost if parent else None) or "no such session"
+        return {**_refused(sid, reason), "parent_lost": True}
     if new_sid in table:
         return _refused(new_sid, "session id in use")
     events_r, events_w = os.pipe()
@@ -140,7 +141,7 @@ def fork_session(sid: int, new_sid: int) -> dict[str, Any]:
         os.close(events_r)
         ours.close()
         parent.lost = _lost_reason(exc)
-        return _refused(sid, parent.lost)
+        return {**_refused(sid, parent.lost), "parent_lost": True}
     finally:
         os.close(events_w)
         theirs.close()

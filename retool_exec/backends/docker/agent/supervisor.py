@@ -150,6 +150,19 @@ def unread_bytes(sock: socket.socket) -> int:
     return queued[0]
 
 
+def check_unread_bytes_counted() -> None:
+    """Raise unless this runtime counts our unread bytes (``send_to_call``'s check):
+    without it a call could keep descriptors in flight unseen (finding 38)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        ours.send(b"x")
+        if unread_bytes(ours) <= 0:
+            raise OSError("the runtime does not report unread bytes of a unix socket (SIOCOUTQ)")
+    finally:
+        ours.close()
+        theirs.close()
+
+
 def send_to_call(
     sock: socket.socket,
     frame: bytes,
@@ -1110,6 +1123,7 @@ def start(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     machine = os.uname().machine
     if machine not in identity.AUDIT_ARCH:
         raise OSError(f"no syscall filter for {machine}")
+    check_unread_bytes_counted()
     locked = identity.lock_shared_devices()
     if locked:
         raise PermissionError(f"cannot keep calls off shared devices: {'; '.join(locked)}")
