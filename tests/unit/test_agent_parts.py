@@ -84,6 +84,21 @@ def test_reset_gives_up_at_its_budget(tmp_path: Path) -> None:
         trees.empty_directory(str(tmp_path), time.monotonic() - 1)
 
 
+def test_reset_looks_at_the_clock_inside_one_flat_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flat directory of many names (millions of hard links to one inode, seventeenth
+    red-team round) must not keep the removal going past its deadline: the clock is read
+    every ``CHECK_EVERY`` entries, not only between directories."""
+    for index in range(3000):
+        (tmp_path / f"f{index}").touch()
+    ticks = iter(range(1_000_000))
+    monkeypatch.setattr(trees.time, "monotonic", lambda: float(next(ticks)))
+    with pytest.raises(trees.BudgetExceeded):
+        trees.empty_directory(str(tmp_path), 5.0)  # five looks at the clock
+    assert len(os.listdir(tmp_path)) > 3000 - 6 * trees.CHECK_EVERY
+
+
 def test_baseline_comparison_names_what_is_not_back() -> None:
     baseline: dict[str, object] = {
         "space:/tmp": (100 << 20, 1000),
