@@ -141,7 +141,7 @@ class DockerConfig(BackendConfigBase):
     tmpfs_mb: int = Field(default=64, ge=1, le=1 << 16)
     """Size of the writable ``/tmp`` (a RAM-backed tmpfs, counted in the memory limit)."""
     tmpfs_inodes: int = Field(default=8192, ge=16)
-    """Most files and directories in ``/tmp``."""
+    """Most files and directories in ``/tmp``, and in ``/dev/shm`` (gVisor counts none)."""
     shm_mb: int = Field(default=16, ge=1, le=1 << 16)
     """Size of ``/dev/shm``."""
     nofile: int = Field(default=256, ge=16, le=1 << 20)

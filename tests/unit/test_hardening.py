@@ -39,7 +39,7 @@ def test_root_is_read_only_and_tmp_is_a_capped_tmpfs() -> None:
     assert {"nosuid", "nodev", "noexec"} <= set(options)
     assert f"size={32 * MIB}" in options
     assert "nr_inodes=1000" in options
-    assert list(s.host_config["tmpfs"]) == ["/tmp"]
+    assert list(s.host_config["tmpfs"]) == ["/tmp", "/dev/shm"]
 
 
 def test_memory_equals_memswap_so_there_is_no_swap() -> None:
@@ -93,6 +93,8 @@ def test_private_ipc_small_shm_and_no_logs() -> None:
     hc = spec(shm_mb=8).host_config
     assert hc["ipc_mode"] == "private"
     assert hc["shm_size"] == 8 * MIB
+    shm = hc["tmpfs"]["/dev/shm"].split(",")  # Docker's own /dev/shm has no inode cap
+    assert {"nosuid", "nodev", "noexec", f"size={8 * MIB}", "nr_inodes=8192"} <= set(shm)
     assert hc["log_config"]["Type"] == "none"
 
 

@@ -90,6 +90,7 @@ HOST_COUNTER_PATHS = (
     "/proc/pagetypeinfo",
     "/proc/locks",
     "/proc/diskstats",
+    "/proc/key-users",
     "/sys/kernel/mm/transparent_hugepage",
     *(f"/sys/devices/system/node/node{node}/{name}" for node in range(8) for name in NODE_COUNTERS),
 )
@@ -105,8 +106,10 @@ description lock of the host, whatever its container (they have no pid to filter
 a call's lock range carried 62 bits to a call in another container; the huge-page
 counters under ``/sys/kernel/mm/transparent_hugepage`` and each NUMA node's copy of
 ``/proc/vmstat`` are moved by one 2 MiB fault; ``/proc/diskstats`` counts every read the
-host's disk serves (a call reading files it evicted from the shared page cache). A path
-the host lacks (an eighth NUMA node) is skipped by the runtime."""
+host's disk serves (a call reading files it evicted from the shared page cache).
+Seventeenth: ``/proc/key-users`` counts keys per uid for the whole host, and root's line
+counts runc's session keyring of every live container. A path the host lacks (an eighth
+NUMA node) is skipped by the runtime."""
 
 NETWORK_SYSCTLS = {"net.ipv4.tcp_no_metrics_save": "1", "net.ipv4.tcp_fastopen": "0"}
 """Caches of the container's network namespace that outlive every process and that the
@@ -174,21 +177,16 @@ def container_spec(
     """
     mib = 1024 * 1024
     memory = config.memory_mb * mib
-    tmpfs_options = ",".join(
-        [
-            "rw",
-            "nosuid",
-            "nodev",
-            "noexec",
-            f"size={config.tmpfs_mb * mib}",
-            f"nr_inodes={config.tmpfs_inodes}",
-            "mode=1777",
-        ]
-    )
     host_config: dict[str, Any] = {
         "network_mode": "none",
         "read_only": True,
-        "tmpfs": {"/tmp": tmpfs_options},
+        "tmpfs": {
+            "/tmp": _tmpfs_options(config.tmpfs_mb * mib, config.tmpfs_inodes),
+            # Mounted here rather than left to Docker, whose /dev/shm has no inode cap
+            # (3 million under runc): a call's millions of hard links there made the
+            # next call wait on the reset's removal (seventeenth red-team round).
+            "/dev/shm": _tmpfs_options(config.shm_mb * mib, config.tmpfs_inodes),
+        },
         "mem_limit": memory,
         "memswap_limit": memory,
         "pids_limit": config.pids,
@@ -272,6 +270,11 @@ def _without_a_network(
         create["network_disabled"] = False
         host_config["extra_hosts"] = {"localhost": "127.0.0.1"}
         host_config["dns"] = ["127.0.0.1"]
+
+
+def _tmpfs_options(size: int, inodes: int) -> str:
+    """A scratch tmpfs: capped in bytes and inodes, nothing on it executes or is a device."""
+    return f"rw,nosuid,nodev,noexec,size={size},nr_inodes={inodes},mode=1777"
 
 
 def with_sandbox_uid(spec: ContainerSpec, uid: int, label: str) -> ContainerSpec:
