@@ -486,6 +486,22 @@ CASES: tuple[Case, ...] = (
         local=Expect.HOST_DEPENDENT,
     ),
     Case(
+        id="info-host-key-users",
+        klass=CaseClass.INFORMATION,
+        title="no call reads the host's per-uid key counts (/proc/key-users: under runc, "
+        "root's line counts every container's session keyring on the host)",
+        code=code("""
+            report(readable=readable_counts(["/proc/key-users"]))
+        """),
+        contained=lambda obs: obs.facts()["readable"] == [],
+        severity=Severity.LOW,
+        reference="retool_exec red-team round of 2026-12-05 (seventeenth): under runc a call "
+        "read root's key count go 10 -> 13 -> 10 as three containers started and ended "
+        "elsewhere on the host: other tenants' churn, and a slow channel between calls",
+        note="Masked under runc (read as empty); gVisor has no /proc/key-users.",
+        local=Expect.HOST_DEPENDENT,
+    ),
+    Case(
         id="info-host-rename-cookie",
         klass=CaseClass.INFORMATION,
         title="no call reads the host's count of renames (the cookie of inotify's move events)",
