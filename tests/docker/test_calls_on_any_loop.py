@@ -138,8 +138,12 @@ def test_a_loop_that_ends_with_calls_in_flight_leaves_the_pool_whole(pool_of_two
 def test_a_container_whose_reset_is_not_confirmed_is_not_handed_out(confirmation: Any) -> None:
     """The next call reads the confirmation the agent sent after the last call: absent
     (past its deadline), unclean, or without the call's nonce, the container is retired
-    and the call runs on another one."""
+    and the call runs on another one. Absent, the call waits no longer than the deadline
+    and a new container's start: a reset made long by a call's leftovers once held a
+    one-container pool's next caller 5.9-11.5 s (finding 40)."""
     require_docker()
+    from retool_exec.backends.docker.pool import RESET_CONFIRMATION_LIMIT
+
     config = DockerConfig(policy="reuse", pool_size=1, timeout=10, labels=LABELS)
     with Sandbox(config, max_workers=1) as sandbox:
         sandbox.start()
@@ -158,9 +162,10 @@ def test_a_container_whose_reset_is_not_confirmed_is_not_handed_out(confirmation
             idle.channel._pending.append({**sent, "nonce": "0" * 32})
         elif confirmation is not None:
             idle.channel._pending.append({**confirmation, "nonce": idle.nonce})
-        idle.reset_due = time.monotonic() + 0.3
+        idle.reset_due = time.monotonic() + RESET_CONFIRMATION_LIMIT  # as the release set it
         result = sandbox.run_code("print('elsewhere')")
         assert (result.outcome, result.stdout) == (Outcome.SUCCESS, "elsewhere\n"), result
+        assert result.queue_wait < RESET_CONFIRMATION_LIMIT + 4.0, result.queue_wait
         assert seen[-1] != seen[0]
         asyncio.run(settle(sandbox, 60))
         assert seen[0] not in pool_containers(sandbox)
@@ -192,34 +197,6 @@ def test_a_container_still_resetting_does_not_hold_up_the_call_that_drew_it() ->
     assert result.stdout == "not held up\n", result
     assert seen[-1] == other.id
     assert took < 2.0, f"the call waited {took:.1f} s on a container still resetting"
-
-
-def test_a_one_container_pool_replaces_a_container_whose_reset_runs_long() -> None:
-    """With no other container to go first, the next call does not wait out a long reset
-    (a call's leftovers make it long): past the confirmation limit the container is
-    retired and the call runs on its replacement (finding 40: 5.9-11.5 s of waiting)."""
-    require_docker()
-    from retool_exec.backends.docker.pool import RESET_CONFIRMATION_LIMIT
-
-    config = DockerConfig(policy="reuse", pool_size=1, timeout=10, labels=LABELS)
-    with Sandbox(config, max_workers=1) as sandbox:
-        sandbox.start()
-        seen = record_containers(sandbox)
-        assert sandbox.run_code("print(1)").ok
-        backend = sandbox.backend
-        assert isinstance(backend, DockerBackend) and backend.pool is not None
-        (slow,) = backend.pool._ready._items
-        deadline = time.monotonic() + 10
-        while not slow.channel.poll():
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        slow.channel._pending.clear()  # its confirmation never comes: the reset still runs
-        slow.reset_due = time.monotonic() + RESET_CONFIRMATION_LIMIT
-        result = sandbox.run_code("print('replaced')")
-    assert result.stdout == "replaced\n", result
-    assert seen[-1] != slow.id
-    waited = result.queue_wait
-    assert waited < RESET_CONFIRMATION_LIMIT + 4.0, f"the call waited {waited:.1f} s"
 
 
 def test_a_call_waiting_for_a_slot_when_the_sandbox_closes_ends_and_starts_nothing() -> None:
