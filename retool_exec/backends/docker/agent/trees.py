@@ -64,8 +64,8 @@ directory of millions of hard links (one inode) kept a reset removing for 4-6 s 
 a 1 s deadline that was read only between directories (seventeenth red-team round)."""
 
 
-def _past(deadline: float, count: int) -> None:
-    if count % CHECK_EVERY == 0 and time.monotonic() > deadline:
+def _check(deadline: float) -> None:
+    if time.monotonic() > deadline:
         raise BudgetExceeded("emptying ran past its deadline")
 
 
@@ -74,7 +74,8 @@ def _names(fd: int, deadline: float) -> list[str]:
     names = []
     with os.scandir(fd) as entries:
         for count, entry in enumerate(entries, 1):
-            _past(deadline, count)
+            if count % CHECK_EVERY == 0:
+                _check(deadline)
             names.append(entry.name)
     return sorted(names)
 
@@ -103,13 +104,14 @@ def _one_pass(root_fd: int, deadline: float) -> None:
     handled = 0
     try:
         while stack:
-            _past(deadline, 0)
+            _check(deadline)
             fd = stack[-1]
             descend_into = None
             with os.scandir(fd) as entries:
                 for entry in entries:
                     handled += 1
-                    _past(deadline, handled)
+                    if handled % CHECK_EVERY == 0:
+                        _check(deadline)
                     name = entry.name
                     try:
                         info = os.stat(name, dir_fd=fd, follow_symlinks=False)
