@@ -12,8 +12,12 @@ as long as it likes, before any token check could refuse it.
   be complete ``header_timeout`` seconds after the connection opened, or
   after the first byte of a later request on a kept-alive connection; else
   the server answers ``408`` and closes the connection. The app, and so the
-  token check, never sees such a request. The body is not timed here
-  (``BodyLimitMiddleware`` caps its size).
+  token check, never sees such a request.
+- **body timeout**: once the headers are in, the body must be complete within
+  ``body_timeout`` seconds; else the same answer (408, closed). Why: a body sent a
+  byte every few seconds held its connection for as long as the client liked, and
+  1024 of them shut every other client out (504), each holding up to the body
+  limit (``BodyLimitMiddleware``, 8 MiB) of memory (eighteenth red-team round).
 - **connection bound**: past ``max_connections`` open connections, a new one
   gets ``504`` (the status SandboxFusion clients retry on) and is closed at
   once.
@@ -53,6 +57,7 @@ def _raw_answer(status: bytes, text: str, *extra: bytes) -> bytes:
 
 
 _TIMED_OUT = _raw_answer(b"408 Request Timeout", "the request headers came in too slowly")
+_BODY_TIMED_OUT = _raw_answer(b"408 Request Timeout", "the request body came in too slowly")
 _TOO_MANY = _raw_answer(
     b"504 Gateway Timeout", "too many open connections; retry later", b"retry-after: 1"
 )
@@ -63,10 +68,13 @@ class GuardedH11Protocol(H11Protocol):
 
     header_timeout: ClassVar[float] = 5.0
     """Seconds a request's headers may take to arrive."""
+    body_timeout: ClassVar[float] = 30.0
+    """Seconds a request's body may take to arrive once its headers are in."""
     max_connections: ClassVar[int | None] = 1024
     """Most connections open at once (None: no bound)."""
 
     _header_timer: asyncio.TimerHandle | None = None
+    _body_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -84,6 +92,11 @@ class GuardedH11Protocol(H11Protocol):
         super().data_received(data)
         if self.conn.their_state is not h11.IDLE:
             self._disarm()  # the headers are in; the app takes over
+        if self.conn.their_state is h11.SEND_BODY:
+            if self._body_timer is None:
+                self._body_timer = self.loop.call_later(self.body_timeout, self._body_too_slow)
+        else:
+            self._stop_body_timer()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -97,6 +110,7 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._stop_body_timer()
         super().connection_lost(exc)
 
     def _arm(self) -> None:
@@ -107,6 +121,20 @@ class GuardedH11Protocol(H11Protocol):
         if self._header_timer is not None:
             self._header_timer.cancel()
             self._header_timer = None
+
+    def _stop_body_timer(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _body_too_slow(self) -> None:
+        self._body_timer = None
+        if self.transport.is_closing() or self.conn.their_state is not h11.SEND_BODY:
+            return
+        log.warning("closed a connection whose request body took over %.0f s", self.body_timeout)
+        if self.conn.our_state is h11.SEND_RESPONSE:  # the app has not answered yet
+            self.transport.write(_BODY_TIMED_OUT)
+        self.transport.close()
 
     def _headers_too_slow(self) -> None:
         self._header_timer = None
@@ -124,6 +152,7 @@ def guarded_protocol(settings: ServerSettings) -> type[GuardedH11Protocol]:
         (GuardedH11Protocol,),
         {
             "header_timeout": settings.header_timeout,
+            "body_timeout": settings.body_timeout,
             "max_connections": settings.max_connections,
         },
     )

@@ -105,6 +105,22 @@ def test_the_next_request_on_a_kept_alive_connection_is_timed_too() -> None:
         assert time.monotonic() - started < HEADER_TIMEOUT + 3.5
 
 
+def test_a_body_trickled_past_the_body_timeout_is_cut_off() -> None:
+    """A body sent a byte every few seconds held its connection as long as the client
+    liked: 1024 of them shut every other client out (eighteenth red-team round)."""
+    with (
+        guarded_server(token=None, body_timeout=1.0) as (_url, port),
+        socket.create_connection(("127.0.0.1", port)) as sock,
+    ):
+        started = time.monotonic()
+        sock.sendall(b"POST /run_code HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n")
+        still_open = trickle(sock, b'{"code": "' + b"1" * 80, every=0.2, until=started + 6)
+        closed, answer = closed_within(sock, 3.0) if still_open else (True, b"")
+        assert closed
+        assert time.monotonic() - started < 1.0 + 3.5
+        assert answer == b"" or answer.startswith(b"HTTP/1.1 408"), answer
+
+
 def test_slow_but_timely_headers_are_served() -> None:
     with (
         guarded_server(token=None) as (_url, port),
