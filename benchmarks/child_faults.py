@@ -38,8 +38,10 @@ from agent import identity, wire, zygote
 code, children, modules = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(",")
 program = identity.syscall_filter(os.uname().machine)
 if hasattr(identity, "SandboxDrop"):
+    machine = os.uname().machine
+    extra = [identity.parent_filter(machine)] if hasattr(identity, "parent_filter") else []
     zygote.Setup.drop = identity.SandboxDrop(
-        identity.Identity(wire.DEFAULT_SANDBOX_USER), identity.last_capability(), program)
+        identity.Identity(wire.DEFAULT_SANDBOX_USER), identity.last_capability(), program, *extra)
 else:  # an agent older than 2026-12-01
     zygote.Setup.last_cap, zygote.Setup.syscall_program = identity.last_capability(), program
 os.makedirs(wire.WORKDIR, exist_ok=True)
@@ -61,6 +63,12 @@ if hasattr(zygote.Setup, "warm_child"):  # as the agent sets it (under gVisor on
     from agent import reset
     zygote.Setup.warm_child = reset._in_gvisor()
 fork = forking.fork if forking is not None else os.fork
+if forking is not None and hasattr(forking, "_fork_twice"):
+    # Since 2026-12-05 the agent's fork makes the child its parent's (the supervisor's),
+    # which this harness could not wait for: time the same single fork as its own child.
+    import ctypes
+    libc_fork = ctypes.PyDLL(None, use_errno=True).fork
+    fork = (lambda: int(libc_fork())) if plain else os.fork
 encode = getattr(wire, "encode_for_call", wire.encode_frame)
 
 gated = hasattr(zygote, "STARTED_FD")  # the started gate (2026-12-02): a fifth descriptor

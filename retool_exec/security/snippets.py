@@ -30,7 +30,7 @@ __all__ = [
 PRELUDE = '''\
 import ctypes, errno, json, os, sys, time
 TOKEN = "__TOKEN__"
-# In a container the agent's supervisor is PID 1 (the call's parent is the zygote);
+# In a container the agent's supervisor is PID 1 and the call's parent;
 # elsewhere the call's parent is the host process that runs the sandbox.
 # The agent runs each container's calls as a uid of its own range; the image may
 # not be ours (a bring-your-own image has no /opt/retool_exec).

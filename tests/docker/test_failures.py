@@ -436,12 +436,11 @@ def run_alone(code: str, runtime: str, **config: object) -> ExecResult:
         return sandbox.run_code(code, timeout=20)
 
 
-@pytest.mark.parametrize("runtime", ["runc", "runsc"])
-def test_a_call_past_its_cpu_time_is_cpu_limit_not_a_bare_kill(runtime: str) -> None:
-    """With the soft CPU limit equal to the hard one, Linux and gVisor sent SIGKILL first:
-    a bare "signal 9" that SandboxFusion's clients read as an OOM kill (the sixth
-    red-team round). The agent's own gap between the two makes it SIGXCPU, and the
-    CPU time the process used makes it the limit's (see the next test)."""
+def test_a_call_past_its_cpu_time_is_cpu_limit_not_a_bare_kill() -> None:
+    """With the soft CPU limit equal to the hard one, Linux sent SIGKILL first: a bare
+    "signal 9" that SandboxFusion's clients read as an OOM kill (the sixth red-team
+    round). The agent's own gap between the two makes it SIGXCPU, and the CPU time the
+    process used makes it the limit's (see the next test)."""
     require_docker()
     code = (
         "import resource\n"
@@ -449,8 +448,54 @@ def test_a_call_past_its_cpu_time_is_cpu_limit_not_a_bare_kill(runtime: str) -> 
         "assert (soft, hard) == (1, 2), (soft, hard)\n"
         "while True: pass\n"
     )
-    result = run_alone(code, runtime, cpu_seconds=1)
+    result = run_alone(code, "runc", cpu_seconds=1)
     assert (result.outcome, result.returncode) == (Outcome.CPU_LIMIT, -24), result
+
+
+def test_under_gvisor_many_busy_tasks_end_as_the_call_s_own_outcome() -> None:
+    """40 processes of 8 busy threads took the pids cgroup to its limit with the gVisor
+    Sentry's host threads; the Sentry died and the call read as ``sandbox_error``, an
+    infrastructure failure the call chose (5 of 6 runs, eighteenth red-team round)."""
+    require_docker()
+    code = (
+        "import hashlib, os, threading\n"
+        "def spin():\n"
+        "    data = b'x' * (1 << 16)\n"
+        "    while True: hashlib.sha256(data).digest()\n"
+        "for _ in range(40):\n"
+        "    if os.fork() == 0:\n"
+        "        for _ in range(8): threading.Thread(target=spin, daemon=True).start()\n"
+        "        spin()\n"
+        "for _ in range(8): threading.Thread(target=spin, daemon=True).start()\n"
+        "spin()\n"
+    )
+    config = DockerConfig(policy="reuse", pool_size=1, runtime="runsc", labels=LABELS)
+    with Sandbox(config, max_workers=1) as sandbox:
+        for _ in range(2):
+            result = sandbox.run_code(code, timeout=4)
+            assert result.outcome is not Outcome.SANDBOX_ERROR, result
+        assert sandbox.run_code("print(6 * 7)").stdout == "42\n"
+
+
+def test_under_gvisor_threads_waiting_for_the_cpu_share_are_not_cpu_time() -> None:
+    """gVisor counts the time its tasks wait for the container's CPU share as CPU time:
+    16 threads of fixed work were killed as ``cpu_limit`` seconds into their limit
+    (eighteenth red-team round). Under gVisor a call gets no CPU-time limit; its
+    wall-clock timeout bounds it."""
+    require_docker()
+    code = (
+        "import resource, threading, time\n"
+        "assert resource.getrlimit(resource.RLIMIT_CPU)[0] == resource.RLIM_INFINITY\n"
+        "def work():\n"
+        "    end = time.monotonic() + 2.5\n"
+        "    while time.monotonic() < end: pass\n"
+        "threads = [threading.Thread(target=work) for _ in range(8)]\n"
+        "for thread in threads: thread.start()\n"
+        "for thread in threads: thread.join()\n"
+        "print('done')\n"
+    )
+    result = run_alone(code, "runsc", cpu_seconds=1, cpus=0.5)
+    assert (result.outcome, result.stdout) == (Outcome.SUCCESS, "done\n"), result
 
 
 @pytest.mark.parametrize("runtime", ["runc", "runsc"])

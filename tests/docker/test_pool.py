@@ -80,6 +80,25 @@ def test_reuse_reset_leaves_nothing_for_the_next_call(reuse_one: Sandbox) -> Non
     assert check.stdout == "[] []\n0\n[]\n", check
 
 
+def test_a_large_notebook_result_does_not_retire_its_container() -> None:
+    """Ten cells of 1 MiB outputs each: the supervisor held the result (and glibc the
+    freed heap) while the reset weighed memory, ~28-51 MiB "still held", so every such
+    call retired its container and a neighbour waited for a new one (eighteenth
+    red-team round)."""
+    from tests.contract.test_backend_contract import run_cells
+
+    require_docker()
+    config = DockerConfig(policy="reuse", pool_size=1, max_output_chars=1 << 20, labels=LABELS)
+    cell = "import sys\nsys.stdout.write('x' * (1 << 20)); sys.stderr.write('y' * (1 << 20))"
+    with Sandbox(config, max_workers=1) as sb:
+        seen = record_containers(sb)
+        for _ in range(2):
+            result = run_cells(sb, *([cell] * 10), timeout=30)
+            assert result.outcome is Outcome.SUCCESS, result
+        assert sb.run_code("print(1)").stdout == "1\n"
+    assert len(seen) == 3 and len(set(seen)) == 1, seen
+
+
 def test_a_process_that_closed_its_output_is_gone_before_the_next_call() -> None:
     """Daemons with no end of the call's pipes do not hold the result up (the call ends
     with its own process), and the reset ends them before anything of the next call runs:

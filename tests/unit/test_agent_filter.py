@@ -172,6 +172,32 @@ def test_no_namespace_and_no_other_process_s_priority_or_cpus(machine: str) -> N
 
 
 @pytest.mark.parametrize("machine", sorted(agent.AUDIT_ARCH))
+def test_sync_and_syncfs_succeed_and_do_nothing(machine: str) -> None:
+    """Each sync() moved the host's disk counts exactly (eighteenth red-team round)."""
+    program, arch = agent.syscall_filter(machine), agent.AUDIT_ARCH[machine]
+    for number in agent.HOST_SYNC_SYSCALLS[machine]:
+        assert run_bpf(program, arch=arch, nr=number) == agent.SECCOMP_RET_ERRNO  # errno 0
+    fsync = {"x86_64": 74, "aarch64": 82}[machine]
+    assert run_bpf(program, arch=arch, nr=fsync) == ALLOW
+
+
+@pytest.mark.parametrize("machine", sorted(agent.AUDIT_ARCH))
+def test_the_zygote_may_fork_for_its_parent_and_a_call_may_not(machine: str) -> None:
+    """The zygote's program lets clone ask for CLONE_PARENT (its copies are the
+    supervisor's children); each child adds ``parent_filter``, so a call still may not."""
+    zygote = agent.syscall_filter(machine, zygote=True)
+    child = agent.parent_filter(machine)
+    arch, (clone, _clone3) = agent.AUDIT_ARCH[machine], agent.CLONE_SYSCALLS[machine]
+    fork, thread, clone_parent = 0x01200011, 0x003D0F00, 0x8000
+    assert run_bpf(zygote, arch=arch, nr=clone, arg0=fork | clone_parent) == ALLOW
+    assert run_bpf(child, arch=arch, nr=clone, arg0=fork | clone_parent) == REFUSE
+    for flags in (fork, thread):
+        assert run_bpf(child, arch=arch, nr=clone, arg0=flags) == ALLOW
+    assert run_bpf(child, arch=arch, nr=READ[machine], arg0=clone_parent) == ALLOW
+    assert run_bpf(zygote, arch=arch, nr=clone, arg0=fork | 0x10000000) == REFUSE  # namespaces
+
+
+@pytest.mark.parametrize("machine", sorted(agent.AUDIT_ARCH))
 @given(
     nr=st.integers(0, (1 << 32) - 1),
     arch_choice=st.sampled_from(["native", "other", "i386", "none"]),

@@ -16,6 +16,8 @@ import sys
 import textwrap
 import threading
 
+import pytest
+
 from retool_exec.backends.docker.agent import forking
 
 
@@ -53,36 +55,67 @@ def test_a_second_thread_keeps_os_fork() -> None:
 
 CHILDREN = textwrap.dedent(
     """
-    import json, os, random, sys, threading
+    import ctypes, json, os, random, sys, threading
     from retool_exec.backends.docker.agent import forking, generators
 
-    chosen = forking.choose(["random", "threading"])
-    found = generators.find()
-    seen = []
-    for _ in range(2):
-        read_end, write_end = os.pipe()
-        generators.reseed(found)  # as the zygote does before each fork
-        pid = forking.fork()
-        if pid == 0:
-            fact = [random.getrandbits(64), threading.main_thread().native_id,
-                    threading.get_native_id(), os.getpid()]
-            os.write(write_end, json.dumps(fact).encode())
-            os._exit(0)
-        os.close(write_end)
-        seen.append(json.loads(os.read(read_end, 4096)))
-        os.waitpid(pid, 0)
-    print(json.dumps({"chosen": chosen, "children": seen}))
+    PLAIN = sys.argv[1] == "plain"
+    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans come here
+    report_r, report_w = os.pipe()
+    zygote = os.fork()
+    if zygote == 0:  # as the agent's zygote: forks copies that are its parent's children
+        chosen = forking.choose(["random", "threading"]) if PLAIN else False
+        if not PLAIN:
+            forking.Fork.plain = None
+        found = generators.find()
+        seen = []
+        for _ in range(2):
+            read_end, write_end = os.pipe()
+            go_r, go_w = os.pipe()  # once fork() returned: with two forks, the middle is gone
+            generators.reseed(found)  # as the zygote does before each fork
+            pid = forking.fork()
+            if pid == 0:
+                os.read(go_r, 1)
+                fact = [random.getrandbits(64), threading.main_thread().native_id,
+                        threading.get_native_id(), os.getpid(), os.getppid()]
+                os.write(write_end, json.dumps(fact).encode())
+                os._exit(7)
+            os.close(write_end)
+            os.write(go_w, b"g")
+            seen.append([pid, json.loads(os.read(read_end, 4096))])
+        os.write(report_w, json.dumps({"chosen": chosen, "children": seen}).encode())
+        os._exit(0)
+    os.close(report_w)
+    report = json.loads(os.read(report_r, 65536))
+    os.waitpid(zygote, 0)
+    report["statuses"] = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+                          for pid, _fact in report["children"]]
+    report["supervisor"] = os.getpid()
+    print(json.dumps(report))
     """
 )
 
 
-def test_the_plain_fork_after_the_reseed_gives_random_a_new_stream_and_names_the_thread() -> None:
+@pytest.mark.parametrize("how", ["plain", "twice"])
+def test_a_copy_gets_a_new_random_stream_its_thread_s_name_and_the_zygote_s_parent(
+    how: str,
+) -> None:
+    """The copy is the zygote's parent's child (the supervisor's, which reaps it: the
+    zygote never learns how a call ended), with the plain clone and with two forks."""
     done = subprocess.run(
-        [sys.executable, "-c", CHILDREN], capture_output=True, text=True, timeout=60, check=True
+        [sys.executable, "-c", CHILDREN, how],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
     report = json.loads(done.stdout)
-    assert report["chosen"] is True  # a fresh interpreter has one thread and known hooks
-    (first_random, *first_ids), (second_random, *second_ids) = report["children"]
-    assert first_random != second_random  # each child has its own stream
-    for main_native_id, native_id, pid in (first_ids, second_ids):
-        assert main_native_id == native_id == pid
+    assert report["chosen"] is (how == "plain")  # a fresh interpreter: one thread, known hooks
+    assert report["statuses"] == [7, 7]  # reaped by the supervisor, not the zygote
+    (first_pid, first), (second_pid, second) = report["children"]
+    assert first[0] != second[0]  # each child has its own stream
+    for pid, (_random, main_native_id, native_id, own_pid, parent) in (
+        (first_pid, first),
+        (second_pid, second),
+    ):
+        assert main_native_id == native_id == own_pid == pid
+        assert parent == report["supervisor"]

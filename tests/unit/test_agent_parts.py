@@ -267,9 +267,9 @@ def test_a_failed_dump_drops_the_socket_and_the_next_opens_another(
     assert reset.network_setup() is not None and reset._Netlink.sock is not None
 
 
-def test_an_exit_report_read_before_a_fork_of_that_pid_is_not_the_new_child_s() -> None:
-    """A report left unclaimed (here, or planted through a process the call made a child
-    of the zygote) is never taken by a later child that drew the same pid."""
+def test_a_status_reaped_before_a_fork_of_that_pid_is_not_the_new_child_s() -> None:
+    """A status left unclaimed (here, or planted through a process the call orphaned) is
+    never taken by a later child that drew the same pid."""
     import socket
 
     from retool_exec.backends.docker.agent import supervisor, zygote
@@ -279,9 +279,9 @@ def test_an_exit_report_read_before_a_fork_of_that_pid_is_not_the_new_child_s() 
 
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     with ours, theirs:
-        theirs.send(b"X" + zygote.PID_STATUS.pack(4242, 0, 0))
-        theirs.send(b"X" + zygote.PID_STATUS.pack(4243, 24, 3_000_000))
-        theirs.send(b"P" + zygote.PID_STATUS.pack(4242, 0, 0))
+        supervisor.record_exit(4242, 0, 0.0)
+        supervisor.record_exit(4243, 24, 3.0)
+        theirs.send(b"P" + zygote.FORKED_PID.pack(4242))
         server = Server()
         server.control = ours
         assert supervisor.wait_for_fork(server) == 4242  # type: ignore[arg-type]
@@ -290,38 +290,36 @@ def test_an_exit_report_read_before_a_fork_of_that_pid_is_not_the_new_child_s() 
     assert supervisor.exits == {} and supervisor.xcpu_seconds == {}
 
 
-def test_the_zygote_reports_the_ends_of_its_own_forks_only() -> None:
-    """In a fresh interpreter (the check reaps any child): a child the zygote did not fork
-    is reaped, not reported; one it did is reported once."""
+def test_the_supervisor_reaps_its_children_and_the_zygote_learns_nothing() -> None:
+    """In a fresh interpreter: the supervisor keeps each child's status (and a SIGXCPU
+    death's own CPU); the zygote reaps its own children (two forks' middles) and keeps
+    nothing of how they ended."""
     import subprocess
     import sys
     import textwrap
 
     script = textwrap.dedent("""
-        import os, socket
-        from retool_exec.backends.docker.agent import zygote
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        foreign = os.fork()
-        if foreign == 0:
-            os._exit(0)
-        own = os.fork()
-        if own == 0:
+        import os, resource, signal
+        from retool_exec.backends.docker.agent import supervisor, zygote
+        plain = os.fork()
+        if plain == 0:
             os._exit(3)
-        zygote.Setup.forked.add(own)
-        os.waitid(os.P_PID, foreign, os.WEXITED | os.WNOWAIT)
-        os.waitid(os.P_PID, own, os.WEXITED | os.WNOWAIT)
-        zygote._report_exits(theirs)
-        reports = []
-        ours.setblocking(False)
+        xcpu = os.fork()
+        if xcpu == 0:
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            os.kill(os.getpid(), signal.SIGXCPU)
+        for pid in (plain, xcpu):
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        supervisor.reap_children()
+        assert supervisor.exits == {plain: 3 << 8, xcpu: signal.SIGXCPU}, supervisor.exits
+        assert supervisor.xcpu_seconds == {xcpu: 0.0}, supervisor.xcpu_seconds
+        middle = os.fork()
+        if middle == 0:
+            os._exit(0)
+        os.waitid(os.P_PID, middle, os.WEXITED | os.WNOWAIT)
+        assert zygote._reap_quietly() is None
         try:
-            while True:
-                reports.append(zygote.PID_STATUS.unpack(ours.recv(64)[1:])[:2])
-        except BlockingIOError:
-            pass
-        assert reports == [(own, 3 << 8)], (reports, own, foreign)
-        assert zygote.Setup.forked == set()
-        try:
-            os.waitpid(foreign, os.WNOHANG)
+            os.waitpid(middle, os.WNOHANG)
         except ChildProcessError:
             print("reaped")
     """)

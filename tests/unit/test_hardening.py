@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from retool_exec import DockerConfig
-from retool_exec.backends.docker.hardening import BASE_ENV, DOCKER_MASKED_PATHS, container_spec
+from retool_exec.backends.docker.hardening import (
+    BASE_ENV,
+    DOCKER_MASKED_PATHS,
+    block_device_paths,
+    container_spec,
+)
 
 MIB = 1024 * 1024
 
@@ -39,7 +46,16 @@ def test_root_is_read_only_and_tmp_is_a_capped_tmpfs() -> None:
     assert {"nosuid", "nodev", "noexec"} <= set(options)
     assert f"size={32 * MIB}" in options
     assert "nr_inodes=1000" in options
-    assert list(s.host_config["tmpfs"]) == ["/tmp", "/dev/shm"]
+    assert list(s.host_config["tmpfs"]) == ["/tmp", "/dev/shm", "/dev", "/dev/pts"]
+
+
+def test_no_read_of_dev_leaves_a_time() -> None:
+    """Docker's /dev is strictatime: a read stamped its entries with the reader's time,
+    which the next call read back (eighteenth red-team round). Ours is noatime, and
+    /dev/pts an empty read-only one."""
+    mounts = spec().host_config["tmpfs"]
+    assert "noatime" in mounts["/dev"].split(",") and "dev" in mounts["/dev"].split(",")
+    assert {"ro", "noatime"} <= set(mounts["/dev/pts"].split(","))
 
 
 def test_memory_equals_memswap_so_there_is_no_swap() -> None:
@@ -229,6 +245,29 @@ def test_each_container_gets_its_own_calls_and_agent_uids_recorded_in_a_label() 
     assert base.create["command"] != command  # the shared spec is not changed
     with pytest.raises(ValueError):
         with_sandbox_uid(base, 65534, "uid-label")
+
+
+def test_the_host_s_disk_counts_are_masked_generic_places_and_each_disk(
+    tmp_path: Path,
+) -> None:
+    """``sync()`` moved the disk's counts exactly, in any container (eighteenth round):
+    the generic places and each disk's own directory are masked, partitions and virtual
+    devices through their parents."""
+    devices = tmp_path / "devices"
+    disk = devices / "pci0000:00" / "virtio1" / "block" / "vda"
+    (disk / "vda1").mkdir(parents=True)
+    (devices / "virtual" / "block" / "loop0").mkdir(parents=True)
+    classes = tmp_path / "class" / "block"
+    classes.mkdir(parents=True)
+    (classes / "vda").symlink_to(disk)
+    (classes / "vda1").symlink_to(disk / "vda1")
+    (classes / "loop0").symlink_to(devices / "virtual" / "block" / "loop0")
+    found = block_device_paths(str(tmp_path))
+    assert found == ("/sys/devices/pci0000:00/virtio1/block/vda",)
+    assert block_device_paths(str(tmp_path / "absent")) == ()
+    masked = spec().host_config_fields["MaskedPaths"]
+    assert {"/proc/sys/fs/quota", "/sys/block", "/sys/devices/virtual/block"} <= set(masked)
+    assert set(block_device_paths()) <= set(masked)
 
 
 def test_docker_s_masked_paths_are_kept_and_the_host_s_file_counts_are_added() -> None:

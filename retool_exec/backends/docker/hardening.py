@@ -10,6 +10,8 @@ reason for each setting.
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,8 +59,13 @@ BASE_ENV: Mapping[str, str] = {
 """The whole environment of a sandbox, before the config's allowlisted extras."""
 
 
-GVISOR_PIDS_HEADROOM = 1024
-"""Host threads gVisor's sentry may need beyond the sandbox's own processes."""
+GVISOR_PIDS_HEADROOM = 4096
+"""Host threads gVisor's sentry may need beyond the sandbox's own processes. Why this
+many: the sentry's host threads grow with the sandbox's runnable tasks, not with its
+processes alone; at 1024 a call of 40 processes of 8 busy threads each took the pids
+cgroup to its limit, the sentry died and the call read as ``sandbox_error``, a failure
+of ours the call chose (eighteenth red-team round). Measured peaks since: 562-2128
+host threads for such calls (``pids`` 128), each then ending as its own ``timeout``."""
 
 
 NODE_COUNTERS = ("vmstat", "numastat")
@@ -110,6 +117,52 @@ host's disk serves (a call reading files it evicted from the shared page cache).
 Seventeenth: ``/proc/key-users`` counts keys per uid for the whole host, and root's line
 counts runc's session keyring of every live container. A path the host lacks (an eighth
 NUMA node) is skipped by the runtime."""
+
+HOST_DISK_PATHS = (
+    "/proc/sys/fs/quota",
+    "/sys/block",
+    "/sys/class/block",
+    "/sys/dev/block",
+    "/sys/devices/virtual/block",
+    "/sys/devices/virtual/bdi",
+    *(f"/sys/fs/{kind}" for kind in ("ext4", "btrfs", "xfs", "f2fs", "erofs")),
+)
+"""The host's disk and file-system I/O counts, which under runc every container reads
+and a call moves exactly: each ``sync()`` moved the quota code's sync count by two and
+the disk's flush and write counts (``/sys/block/vda/stat``, the copy of the masked
+``/proc/diskstats``) by one, in any container, ``fresh`` included: 7 bits a round
+between calls of different containers (eighteenth red-team round). The calls' filter
+refuses ``sync`` and ``syncfs``; reading a file the page cache does not hold still moves
+the read counts, so they are masked: these generic places, and each block device's own
+directory (``block_device_paths``). gVisor has none of them."""
+SYSFS = "/sys"
+
+
+def block_device_paths(sysfs: str = SYSFS) -> tuple[str, ...]:
+    """Each block device's own sysfs directory on this machine (its counts live there, at
+    a path of its bus: ``/sys/devices/pci.../block/vda``), outside ``HOST_DISK_PATHS``.
+
+    Read from this machine's ``/sys``: with a Docker daemon on another machine these
+    paths are that machine's only by chance, and a path it lacks is skipped by the
+    runtime; its devices are then masked only through the generic places.
+    """
+    root = os.path.join(sysfs, "class", "block")
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return ()
+    found = []
+    for name in names:
+        real = os.path.realpath(os.path.join(root, name))
+        inside = SYSFS + real[len(sysfs) :] if real.startswith(sysfs + "/") else None
+        if (
+            inside
+            and os.path.basename(os.path.dirname(real)) == "block"  # a disk, not a partition
+            and not inside.startswith("/sys/devices/virtual/")
+        ):
+            found.append(inside)
+    return tuple(found)
+
 
 NETWORK_SYSCTLS = {"net.ipv4.tcp_no_metrics_save": "1", "net.ipv4.tcp_fastopen": "0"}
 """Caches of the container's network namespace that outlive every process and that the
@@ -186,6 +239,7 @@ def container_spec(
             # (3 million under runc): a call's millions of hard links there made the
             # next call wait on the reset's removal (seventeenth red-team round).
             "/dev/shm": _tmpfs_options(config.shm_mb * mib, config.tmpfs_inodes),
+            **DEVICE_MOUNTS,
         },
         "mem_limit": memory,
         "memswap_limit": memory,
@@ -243,8 +297,20 @@ def container_spec(
         "healthcheck": {"test": ["NONE"]},
     }
     _without_a_network(create, host_config, own_image=send_agent is None)
-    fields = {"MaskedPaths": [*DOCKER_MASKED_PATHS, *HOST_COUNTER_PATHS]}
+    fields = {
+        "MaskedPaths": [
+            *DOCKER_MASKED_PATHS,
+            *HOST_COUNTER_PATHS,
+            *HOST_DISK_PATHS,
+            *_block_devices(),
+        ]
+    }
     return ContainerSpec(create=create, host_config=host_config, host_config_fields=fields)
+
+
+@functools.cache
+def _block_devices() -> tuple[str, ...]:
+    return block_device_paths()
 
 
 def _without_a_network(
@@ -270,6 +336,20 @@ def _without_a_network(
         create["network_disabled"] = False
         host_config["extra_hosts"] = {"localhost": "127.0.0.1"}
         host_config["dns"] = ["127.0.0.1"]
+
+
+DEVICE_MOUNTS = {
+    "/dev": "rw,nosuid,noexec,dev,noatime,mode=755,size=65536k",
+    "/dev/pts": "ro,nosuid,noexec,nodev,noatime,mode=755,size=4k",
+}
+"""``/dev`` mounted by us, as Docker mounts it but ``noatime``, and an empty read-only
+``/dev/pts``. Why: Docker's ``/dev`` is ``strictatime``, so a read of any of its entries
+(``stat`` through ``/dev/stdin``, a listing) stamps it with the reader's time, which the
+next call reads back: 48 bits a call under runc and 64 under gVisor, through inodes
+the reset does not own (eighteenth red-team round); gVisor's ``/dev/pts`` did the same.
+With a ``/dev`` of its own Docker mounts none of its own below it: ptys (shared with
+the host, locked before) and the POSIX queue directory (refused before) are gone; the
+runtime still makes the device nodes and ``/dev/fd``."""
 
 
 def _tmpfs_options(size: int, inodes: int) -> str:

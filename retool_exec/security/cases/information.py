@@ -212,11 +212,10 @@ CASES: tuple[Case, ...] = (
                 except (OSError, StopIteration):
                     return None
 
-            agent = {1, os.getppid()} if IN_AGENT_SANDBOX else set()  # supervisor, zygote
-            if IN_AGENT_SANDBOX:  # the other zygote of a reuse container (the light one)
-                zygote_uid = uid(os.getppid())
+            agent = {1} if IN_AGENT_SANDBOX else set()  # the supervisor (the call's parent)
+            if IN_AGENT_SANDBOX:  # and its zygotes: its children of a uid not the calls'
                 agent |= {pid for pid in names
-                          if parents.get(pid) == 1 and uid(pid) == zygote_uid}
+                          if parents.get(pid) == 1 and uid(pid) not in (None, os.getuid())}
             strangers = sorted(pid for pid in names if pid not in agent and not mine(pid))
             report(strangers=[names[pid] for pid in strangers][:10], count=len(strangers))
         """),
@@ -499,6 +498,48 @@ CASES: tuple[Case, ...] = (
         "read root's key count go 10 -> 13 -> 10 as three containers started and ended "
         "elsewhere on the host: other tenants' churn, and a slow channel between calls",
         note="Masked under runc (read as empty); gVisor has no /proc/key-users.",
+        local=Expect.HOST_DEPENDENT,
+    ),
+    Case(
+        id="info-host-disk-counts",
+        klass=CaseClass.INFORMATION,
+        title="no call reads the host's disk and file-system I/O counts, wherever sysfs keeps "
+        "them, nor moves them with sync()",
+        code=code("""
+            import glob
+            def disks():  # each disk's own directory, found the long way: by its bus path
+                found, level = [], ["/sys/devices"]
+                for _depth in range(7):
+                    below = []
+                    for directory in level:
+                        try:
+                            entries = list(os.scandir(directory))
+                        except OSError:
+                            continue
+                        for entry in entries:
+                            if entry.is_dir(follow_symlinks=False):
+                                (found if entry.name == "block" else below).append(entry.path)
+                    level = below[:20000]
+                return [path for block in found for path in glob.glob(block + "/*/stat")]
+            paths = ["/proc/sys/fs/quota/syncs", *glob.glob("/sys/block/*/stat"),
+                     *glob.glob("/sys/class/block/*/stat"), *glob.glob("/sys/dev/block/*/stat"),
+                     *glob.glob("/sys/fs/*/*/lifetime_write_kbytes"), *disks()]
+            before = {path: readable_counts([path]) and open(path).read() for path in paths}
+            for _ in range(3):
+                os.sync()
+            moved = sorted(path for path in before
+                           if before[path] and open(path).read() != before[path])
+            report(readable=sorted(path for path in before if before[path])[:8], moved=moved[:8])
+        """),
+        contained=lambda obs: obs.facts()["readable"] == [],
+        severity=Severity.MEDIUM,
+        reference="retool_exec red-team round of 2026-12-05 (eighteenth): under runc each "
+        "sync() moved the quota code's sync count by two and the disk's flush and write counts "
+        "(/sys/block/vda/stat, a copy of the masked /proc/diskstats) by one: 7 bits a round "
+        "between calls of different containers, fresh included",
+        timeout=20.0,
+        note="Masked under runc (hardening.HOST_DISK_PATHS and each disk's own directory); "
+        "the calls' filter makes sync and syncfs do nothing. gVisor has none of these files.",
         local=Expect.HOST_DEPENDENT,
     ),
     Case(

@@ -292,6 +292,54 @@ _WRITABLE_NODES = """
         return sorted(found)
 """
 
+_READABLE_PLACES = """
+    import glob
+
+    def readable_places():
+        \"\"\"What a call can read and the reset does not own, each with its access time as
+        found (10 ms ticks): everything under /dev (at any depth, /dev/shm aside), each
+        mount's top directory, and the files of /etc. Found without reading any of them
+        first: a directory's time is taken before it is listed, a link's is never followed.\"\"\"
+        with open("/proc/self/mountinfo") as handle:
+            mounts = [line.split()[4] for line in handle]
+        tops = [m for m in mounts if not m.startswith(("/proc", "/sys", "/tmp", "/dev/shm"))]
+        found = {}
+        def note(path):
+            try:
+                found.setdefault(path, os.lstat(path).st_atime_ns // 10**7)
+            except OSError:
+                pass
+        for path in ["/dev", "/etc", *tops]:
+            note(path)
+        pending = ["/dev", "/etc"]
+        while pending:
+            directory = pending.pop()
+            note(directory)
+            try:
+                entries = list(os.scandir(directory))
+            except OSError:
+                continue
+            for entry in entries:
+                if entry.path == "/dev/shm" or entry.path in found:
+                    continue
+                note(entry.path)
+                if directory.startswith("/dev") and entry.is_dir(follow_symlinks=False):
+                    pending.append(entry.path)
+        return found
+"""
+
+
+def _read_times_kept(obs: Observation) -> bool:
+    """Contained: no access time the next call sees falls within call N's reads."""
+    if obs.follow is None or not (obs.result.ok and obs.follow.ok):
+        return False
+    window = obs.facts()
+    start, end = window["start"] // 10**7, window["end"] // 10**7
+    if not window["read"]:
+        raise ValueError("call N read nothing")
+    return not [tick for tick in obs.follow_facts()["ticks"] if start <= tick <= end]
+
+
 _NETLINK_TOOLS = """
     import socket, struct
 
@@ -800,6 +848,53 @@ CASES: tuple[Case, ...] = (
         local=Expect.HOST_DEPENDENT,
         note="Any exact time a call gave an inode, found again by the next call, is a "
         "channel; the reset walks /dev at any depth (reset.kept_inodes).",
+    ),
+    Case(
+        id="iso-read-times",
+        klass=CaseClass.ISOLATION,
+        title="reading what the reset does not own (/dev, mount tops, /etc) leaves no time "
+        "the next call can read",
+        code=code(
+            _READABLE_PLACES
+            + """
+    time.sleep(0.05)  # the reads' window stands apart from the container's own times
+    start, read = time.time_ns(), 0
+    for path in readable_places():
+        for look in (os.lstat, os.stat, os.listdir, os.readlink):
+            try:
+                look(path)
+                read += 1
+            except OSError:
+                pass
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        except OSError:
+            continue
+        try:
+            os.read(fd, 1)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    end = time.time_ns()
+    time.sleep(0.05)  # ... and from the reset's
+    report(start=start, end=end, read=read)
+"""
+        ),
+        follow_up=code(
+            _READABLE_PLACES
+            + """
+    report(ticks=sorted(set(readable_places().values()))[-40:])
+"""
+        ),
+        contained=_read_times_kept,
+        severity=Severity.LOW,
+        reference="retool_exec red-team round of 2026-12-05 (eighteenth): Docker's /dev is "
+        "strictatime, so a stat through /dev/stdin or a listing of /dev stamped those inodes "
+        "with the reader's time: 48 bits a call under runc, 64 under gVisor",
+        local=Expect.HOST_DEPENDENT,
+        note="/dev is a tmpfs of the container's own with noatime, /dev/pts an empty "
+        "read-only one (hardening.DEVICE_MOUNTS); the root is read-only.",
     ),
     Case(
         id="iso-reset-traps",

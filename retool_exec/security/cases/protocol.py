@@ -567,8 +567,8 @@ CASES: tuple[Case, ...] = (
         local=Expect.NOT_APPLICABLE,
         local_reason="the new process would be a child of the host process that runs the "
         "sandbox, left there as a zombie",
-        note="Refused with EPERM by the calls' seccomp filter under runc; gVisor ignores the "
-        "flag (the new process is the call's own child). The zygote also reports the ends of "
-        "its own forks only, and a report is forgotten when its pid is forked again.",
+        note="Refused with EPERM by the filter each call's process adds to its zygote's "
+        "(identity.parent_filter). The supervisor reaps every call's process, and a status "
+        "recorded for a pid is forgotten when a new process with that pid is forked.",
     ),
 )

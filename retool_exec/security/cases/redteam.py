@@ -713,6 +713,50 @@ _STARVE = CONTAINER_TOOLS + code("""
 """)
 
 
+_ENDED_NAMED = code("""
+    import hashlib, resource, signal
+    # Built at run time from the token; the next call looks for it as /proc/PID/stat
+    # shows it: "(name) STATE", which only a copy of the kernel's line can hold.
+    name = "Q" + hashlib.sha256(("comm:" + TOKEN).encode()).hexdigest()[:14]
+    ctypes.CDLL(None).prctl(15, name.encode(), 0, 0, 0)  # PR_SET_NAME
+    with open("/proc/self/comm") as handle:
+        named = handle.read().strip() == name
+    report(named=named)
+    sys.stdout.flush()
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    os.kill(os.getpid(), signal.SIGXCPU)  # the end whose CPU time the agent reads
+""")
+
+_FIND_ENDED_NAME = MEMORY_TOOLS + code("""
+    # Only the name's digest is held here, never its text: nothing of this code matches.
+    wanted = hashlib.sha256(("comm:" + TOKEN).encode()).digest()[:7]
+    STAT_LINE = re.compile(rb"\\((Q[0-9a-f]{14})\\) [RSDZTtXxKWPI]")
+    found, names, scanned, error = 0, 0, 0, None
+    try:
+        for data in memory_chunks():
+            scanned += len(data)
+            for match in STAT_LINE.finditer(data):
+                names += 1
+                found += bytes.fromhex(match.group(1)[1:].decode()) == wanted
+    except OSError as exc:
+        error = why(exc)
+    report(found=found, names=names, scanned_mb=round(scanned / (1 << 20), 1), error=error)
+""")
+
+
+def _ended_name_gone(obs: Observation) -> bool:
+    """Contained: the next call's memory holds no stat line with the name call N gave
+    itself before its SIGXCPU end (which must have happened, or nothing is shown)."""
+    scan = obs.follow_facts()
+    if scan["found"]:
+        return False
+    if scan["error"] or not scan["scanned_mb"]:
+        raise ValueError(f"the follow-up could not read its own memory: {scan['error']}")
+    if not obs.facts()["named"] or obs.result.returncode != -24:
+        raise ValueError("call N did not name itself and end by SIGXCPU")
+    return True
+
+
 CASES: tuple[Case, ...] = (
     _remanence(
         "iso-remanence-all-channels",
@@ -733,6 +777,22 @@ CASES: tuple[Case, ...] = (
         "iso-remanence-stdout",
         ("stdout",),
         "call N+1's memory and objects hold nothing of call N's output",
+    ),
+    Case(
+        id="iso-how-a-call-ended",
+        klass=CaseClass.ISOLATION,
+        title="how a call ended (its status, its name, its CPU time) stays out of the memory "
+        "later calls are forked from",
+        code=_ENDED_NAMED,
+        follow_up=_FIND_ENDED_NAME,
+        contained=_ended_name_gone,
+        severity=Severity.MEDIUM,
+        reference="retool_exec red-team round of 2026-12-05 (eighteenth): the zygote read a "
+        "SIGXCPU death's /proc/PID/stat, the name the call chose included, and every later "
+        "call of its container found that line in its own memory",
+        local=Expect.CONTAINED,  # a fresh interpreter per call
+        note="A call's process is the supervisor's child, not the zygote's: the supervisor "
+        "reaps it and reads its status and CPU time, and it forks nothing after its start.",
     ),
     Case(
         id="proto-forged-records",

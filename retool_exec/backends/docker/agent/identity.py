@@ -162,7 +162,9 @@ class SandboxDrop:
     forked, the structures are shared; the child only makes the syscalls.
     """
 
-    def __init__(self, sandbox: Identity, last_cap: int, syscall_program: bytes) -> None:
+    def __init__(
+        self, sandbox: Identity, last_cap: int, syscall_program: bytes, child_program: bytes
+    ) -> None:
         self.sandbox = sandbox
         bounding = capability_sets().get("CapBnd")  # the bounding set only ever shrinks
         self.bounding = tuple(
@@ -178,6 +180,10 @@ class SandboxDrop:
         self._program = ctypes.create_string_buffer(syscall_program, len(syscall_program))
         self._fprog = ctypes.pointer(
             _SockFprog(len(syscall_program) // 8, ctypes.addressof(self._program))
+        )
+        self._child_program = ctypes.create_string_buffer(child_program, len(child_program))
+        self._child_fprog = ctypes.pointer(
+            _SockFprog(len(child_program) // 8, ctypes.addressof(self._child_program))
         )
 
     def lock_zygote(self, serving_capabilities: tuple[int, ...]) -> None:
@@ -213,7 +219,11 @@ class SandboxDrop:
 
         The bounding set, ``no_new_privs`` and the syscall filter are the zygote's
         (``lock_zygote``), inherited: a zygote serves no fork before it holds them.
+        The child adds what the zygote may do and a call may not (``parent_filter``).
         """
+        if self._prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, self._child_fprog, 0, 0) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"installing the child's seccomp filter: {os.strerror(errno)}")
         sandbox = self.sandbox
         os.setgroups([])
         os.setresgid(sandbox.gid, sandbox.gid, sandbox.gid)
@@ -272,6 +282,13 @@ with a socket pair). inotify: the cookie of a rename's two events counts every r
 the host has made, in any container, watched or not, so a call renaming files K times
 moved the cookie a call in another container read by exactly K (the same round); its
 only users are file watchers (watchdog), which tool code does not need."""
+HOST_SYNC_SYSCALLS = {"x86_64": (162, 306), "aarch64": (81, 267)}
+"""sync and syncfs: done at once, with nothing done (a return of 0). Every file a call
+can write is in memory (``/tmp``, ``/dev/shm``), so there is nothing of its own to
+flush; what they did was flush the host's disks, and each ``sync()`` moved the host's
+quota sync count by two and the disk's flush and write counts by one, exact counts
+any container read (eighteenth red-team round; the counts are masked too:
+``hardening.HOST_DISK_PATHS``)."""
 SOCKET_OPTION_SYSCALLS = {"x86_64": 55, "aarch64": 209}
 """getsockopt: ``SOL_SOCKET``'s ``SO_COOKIE`` fails with ENOPROTOOPT, as on a kernel before
 4.12. A socket's cookie comes from one counter for the host, handed to each CPU in
@@ -331,12 +348,15 @@ CLONE_NEW_NAMESPACES = 0x7E020000
 32 bits the kernel reads; CLONE_NEWTIME's bit is clone's exit signal, unshare's only)."""
 CLONE_PARENT = 0x8000
 """A new process whose parent is the caller's parent: for a call's own process, the
-zygote. Such a process is outside the call's tree, and the zygote reaped it and reported
-its exit status as a child's: a call planted statuses that later calls, once the pid
-counter came round to those pids, took for their own (tenth red-team round). No tool
-code needs it; gVisor ignores the flag."""
+supervisor. Such a process is outside the call's tree; when the zygote was the calls'
+parent, it reaped such processes and reported their statuses as its children's, and a
+call planted statuses that later calls, once the pid counter came round to those pids,
+took for their own (tenth red-team round). No tool code needs it. The zygote itself
+forks with it (``forking``), so its filter allows it and each child adds
+``parent_filter``, which refuses it."""
 CLONE_REFUSED = CLONE_NEW_NAMESPACES | CLONE_PARENT
-"""The flags of clone that are refused with EPERM."""
+"""The flags of clone that are refused with EPERM (to a call: ``syscall_filter`` and
+``parent_filter`` together)."""
 OWN_PROCESS_SYSCALLS = {
     "x86_64": ((141, 1), (251, 1), (142, 0), (144, 0), (203, 0), (314, 0)),
     "aarch64": ((140, 1), (30, 1), (118, 0), (119, 0), (122, 0), (274, 0)),
@@ -369,12 +389,14 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
-def syscall_filter(machine: str, *, ip: bool = True) -> bytes:
+def syscall_filter(machine: str, *, ip: bool = True, zygote: bool = False) -> bytes:
     """The classic-BPF seccomp program for ``machine`` (see the tables above).
 
     Only on the native ABI (x32 and other architectures are refused); an ``int``
     argument (a family, a pid, clone's flags) is read from its low 32 bits, all the
     kernel reads of it. ``ip`` false: no socket of ``NO_IP_FAMILIES``, EACCES.
+    ``zygote``: the program a zygote holds, which lets clone ask for ``CLONE_PARENT``
+    (each child adds ``parent_filter``).
     """
     to_inet: list[_Instruction] = []
     inet: list[_Instruction] = []
@@ -383,6 +405,7 @@ def syscall_filter(machine: str, *, ip: bool = True) -> bytes:
         inet = [("inet", _BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | EACCES)]
     arch, denied = AUDIT_ARCH[machine], DENIED_SYSCALLS[machine]
     clone, clone3 = CLONE_SYSCALLS[machine]
+    clone_refused = CLONE_NEW_NAMESPACES if zygote else CLONE_REFUSED
     program: list[_Instruction] = [
         ("", _BPF_LD_W_ABS, 0, 0, 4),  # seccomp_data.arch
         ("", _BPF_JEQ_K, 0, "deny", arch),
@@ -390,6 +413,7 @@ def syscall_filter(machine: str, *, ip: bool = True) -> bytes:
         ("", _BPF_JSET_K, "deny", 0, X32_SYSCALL_BIT),
         *(("", _BPF_JEQ_K, "deny", 0, number) for number in (*denied, clone3)),
         *(("", _BPF_JEQ_K, "refuse", 0, number) for number in NAMESPACE_SYSCALLS[machine]),
+        *(("", _BPF_JEQ_K, "done", 0, number) for number in HOST_SYNC_SYSCALLS[machine]),
         ("", _BPF_JEQ_K, "clone", 0, clone),
         ("", _BPF_JEQ_K, "option", 0, SOCKET_OPTION_SYSCALLS[machine]),
         ("", _BPF_JEQ_K, "advice", 0, FADVISE_SYSCALLS[machine]),
@@ -405,7 +429,7 @@ def syscall_filter(machine: str, *, ip: bool = True) -> bytes:
         ("", _BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | EAFNOSUPPORT),
         *inet,
         ("clone", _BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_ARG0),
-        ("", _BPF_JSET_K, "refuse", "allow", CLONE_REFUSED),
+        ("", _BPF_JSET_K, "refuse", "allow", clone_refused),
         ("option", _BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_ARG0 + 8),  # level
         ("", _BPF_JEQ_K, 0, "allow", SOL_SOCKET),
         ("", _BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_ARG0 + 16),  # optname
@@ -418,9 +442,32 @@ def syscall_filter(machine: str, *, ip: bool = True) -> bytes:
         ("", _BPF_JEQ_K, "allow", "refuse", 0),
         ("allow", _BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),
         ("refuse", _BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | EPERM),
+        ("done", _BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | 0),
         ("no_option", _BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | ENOPROTOOPT),
         ("deny", _BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | ENOSYS),
     ]
+    return _assemble(program)
+
+
+def parent_filter(machine: str) -> bytes:
+    """The program each call's child adds to its zygote's: clone may not ask for
+    ``CLONE_PARENT`` (EPERM). Filters stack, and the stricter answer wins."""
+    clone, _clone3 = CLONE_SYSCALLS[machine]
+    return _assemble(
+        [
+            ("", _BPF_LD_W_ABS, 0, 0, 4),  # seccomp_data.arch (the zygote's refuses others)
+            ("", _BPF_JEQ_K, 0, "allow", AUDIT_ARCH[machine]),
+            ("", _BPF_LD_W_ABS, 0, 0, 0),  # seccomp_data.nr
+            ("", _BPF_JEQ_K, 0, "allow", clone),
+            ("", _BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_ARG0),
+            ("", _BPF_JSET_K, "refuse", "allow", CLONE_PARENT),
+            ("allow", _BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),
+            ("refuse", _BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | EPERM),
+        ]
+    )
+
+
+def _assemble(program: list[_Instruction]) -> bytes:
     where = {label: index for index, (label, *_rest) in enumerate(program) if label}
 
     def offset(index: int, target: int | str) -> int:

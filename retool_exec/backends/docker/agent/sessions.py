@@ -153,6 +153,8 @@ def fork_session(sid: int, new_sid: int) -> dict[str, Any]:
         if said is not None:
             return _refused(new_sid, f"the fork failed: {said}")
         return _refused(new_sid, "the fork did not start (out of memory or processes?)")
+    if os.path.exists(f"/proc/{pid}"):
+        sv.forget_exit(pid)  # not reaped yet: a status recorded for its pid is an earlier one's
     copy.pid = pid
     table[new_sid] = copy
     return {"type": "session", "sid": new_sid, "ok": True}
@@ -260,23 +262,13 @@ def _discard_stale_events(process: SessionProcess) -> None:
 
 
 def _collect(pid: int, wait: float = 0.5) -> int | None:
-    """The wait status of a session process that ended, if known within ``wait`` seconds.
-
-    A fork is PID 1's child (``waitpid`` here); the first session of a family is the
-    zygote's, whose report may trail the process's end by a moment.
-    """
+    """The wait status of a session process that ended, if known within ``wait`` seconds
+    (every session process is PID 1's child: ``forking``, and a fork's copy is orphaned)."""
     give_up = time.monotonic() + wait
     while True:
         sv.take_exit_messages()
         if pid in sv.exits:
             return sv.exits.pop(pid)
-        try:
-            ended = zygote.reap(pid)
-            if ended is not None:
-                sv.record_exit(*ended)
-                return sv.exits.pop(pid)
-        except ChildProcessError:
-            pass
         if time.monotonic() > give_up:
             return None
         time.sleep(0.005)

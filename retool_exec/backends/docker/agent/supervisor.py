@@ -98,6 +98,11 @@ class State:
     """What calls may write that no reset removes (``reset.kept_inodes``): its times are reset."""
     oom_counter: int | None = None
     """The cgroup's OOM-kill counter, opened once (``open_oom_counter``); None if there is none."""
+    large_result = False
+    """The last call's result was large (``SMALL``): the reset gives the freed memory back
+    (``give_back_memory``) before it compares memory with the baseline."""
+    child_ended = -1
+    """The read end of the SIGCHLD wakeup pipe: a call's process ended (``watch_children``)."""
 
 
 # -- framing on the attach stream ------------------------------------------------------
@@ -314,7 +319,7 @@ class Child:
 
 
 exits: dict[int, int] = {}
-"""Wait statuses the zygotes reported, by pid, not yet claimed."""
+"""Wait statuses of the processes the supervisor reaped, by pid, not yet claimed."""
 xcpu_seconds: dict[int, float] = {}
 """CPU seconds each process that SIGXCPU ended used itself (not its children), by pid,
 not yet claimed: what says whether it reached its limit."""
@@ -323,9 +328,65 @@ CPU_LIMIT_SLACK = 0.1
 (the kernel checks at its tick; the limit is whole seconds, a forger is far below)."""
 
 
-def _record_exit(body: bytes) -> None:
-    pid, status, cpu_microseconds = zygote.PID_STATUS.unpack(body)
-    record_exit(pid, status, cpu_microseconds / 1e6)
+EXITS_KEPT = 10_000
+"""Unclaimed statuses kept at most (the oldest go): a call whose processes end by the
+thousand cannot grow the supervisor; only its own result could lose its status."""
+
+
+def watch_children() -> None:
+    """SIGCHLD wakes the supervisor's polls (``State.child_ended``), so it reaps at once.
+
+    Every call's process is the supervisor's child (``forking``), so the supervisor,
+    not the zygote, learns how calls end.
+    """
+    ended_r, ended_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(ended_w, warn_on_full_buffer=False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    State.child_ended = ended_r
+
+
+def reap_children() -> None:
+    """Reap every child that ended, keeping its wait status (and for a SIGXCPU death the
+    CPU it used itself) for whoever claims its pid."""
+    while True:
+        try:
+            ended = reap(-1)
+        except ChildProcessError:
+            return
+        if ended is None:
+            return
+        record_exit(*ended)
+        while len(exits) > EXITS_KEPT:
+            forget_exit(next(iter(exits)))
+
+
+def reap(pid: int) -> tuple[int, int, float] | None:
+    """Reap child ``pid`` (-1: any) if it ended: its pid, wait status and, if SIGXCPU
+    ended it, the CPU seconds it used itself; None if none ended yet.
+
+    Why its own: the rusage ``wait4`` gives adds the children it reaped, and a call
+    that forked children to burn the limit's CPU and then sent itself SIGXCPU read as
+    ``cpu_limit`` (ninth red-team round), which no process of it had reached. The
+    zombie's ``/proc/PID/stat`` still holds the process's own times until it is reaped.
+    """
+    which = os.P_ALL if pid == -1 else os.P_PID
+    ended = os.waitid(which, max(pid, 0), os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    if ended is None:
+        return None
+    cpu = 0.0
+    if ended.si_code in (os.CLD_KILLED, os.CLD_DUMPED) and ended.si_status == signal.SIGXCPU:
+        cpu = own_cpu_seconds(ended.si_pid)
+    _, status = os.waitpid(ended.si_pid, 0)
+    return ended.si_pid, status, cpu
+
+
+def own_cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of process ``pid`` itself, not its children (0: unknown)."""
+    try:
+        fields = reset.read_text(f"/proc/{pid}/stat").rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def record_exit(pid: int, status: int, cpu_seconds: float) -> None:
@@ -337,12 +398,12 @@ def record_exit(pid: int, status: int, cpu_seconds: float) -> None:
 def forget_exit(pid: int) -> None:
     """Drop what is recorded of an earlier process with ``pid``: a new one has it now.
 
-    Why: a report is claimed by the pid a call's child has. One left unclaimed (a
-    killed child's, reported after its call) would be taken, once the pid counter came
+    Why: a status is claimed by the pid a call's child has. One left unclaimed (a
+    killed child's, reaped after its call) would be taken, once the pid counter came
     round, by whichever later child drew that pid: its status, not the child's own
-    (tenth red-team round, where a call planted them). The zygote sends a child's
-    report before it can fork another with that pid, on the same socket, so every
-    earlier report is read by the time the new pid is.
+    (tenth red-team round, where a call planted them). Called when a new process's pid
+    is learnt and before the supervisor reaps anything again: the new process cannot
+    have been reaped yet, so whatever is recorded for its pid is an earlier one's.
     """
     exits.pop(pid, None)
     xcpu_seconds.pop(pid, None)
@@ -374,32 +435,31 @@ def wait_for_fork(server: ForkServer) -> int:
             raise OSError("the zygote is gone")
         kind, body = message[:1], message[1:]
         if kind == b"P":
-            pid = int(zygote.PID_STATUS.unpack(body)[0])
-            forget_exit(pid)  # a report for this pid read so far was an earlier process's
+            pid = int(zygote.FORKED_PID.unpack(body)[0])
+            forget_exit(pid)  # a status for this pid reaped so far was an earlier process's
             return pid
         if kind == b"E":
             raise OSError(f"the zygote could not fork: {body.decode(errors='replace')}")
-        if kind == b"X":
-            _record_exit(body)
 
 
 def control_fds() -> list[int]:
-    """The zygotes' control sockets, to poll for their exit reports."""
-    return [server.control.fileno() for server in State.zygotes.values()]
+    """What to poll for a call's process ending: the SIGCHLD wakeup, and the zygotes'
+    control sockets (their end is the container's)."""
+    return [State.child_ended, *(server.control.fileno() for server in State.zygotes.values())]
 
 
 def take_exit_messages() -> None:
-    """Read the zygotes' pending exit reports (non-blocking)."""
+    """Reap what ended (non-blocking); OSError if a zygote is gone."""
+    zygote.discard_pending(State.child_ended)
+    reap_children()
     for server in State.zygotes.values():
-        while True:
+        while True:  # a zygote speaks only when asked (``wait_for_fork``): this is its end
             try:
                 message = server.control.recv(4096, socket.MSG_DONTWAIT)
             except BlockingIOError:
                 break
             if not message:
                 raise OSError("the zygote is gone")
-            if message[:1] == b"X":
-                _record_exit(message[1:])
 
 
 def decode_status(status: int) -> int:
@@ -426,13 +486,8 @@ def signal_call(pid: int, signum: int) -> None:
 
 
 def reap_orphans() -> None:
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
+    """Reap every child that ended (orphans the supervisor adopted too)."""
+    reap_children()
 
 
 def agent_pids() -> list[int]:
@@ -864,6 +919,7 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
     cpu_limit = reached_cpu_limit(child.pid, returncode, float(to_child["cpu_seconds"]))
     child.close_channels()  # (its output pipes were closed above)
     big = request.get("fetch") or cells or sum(len(tail.buf) for tail in tails.values()) > SMALL
+    State.large_result = State.large_result or bool(big)
     if big and started_code:
         announce_ended(
             request,
@@ -1064,6 +1120,21 @@ def drain_pipe(
 # -- reset between calls -------------------------------------------------------------------------
 
 
+def give_back_memory() -> None:
+    """Return the supervisor's freed heap to the kernel (glibc's ``malloc_trim``).
+
+    Why: a large result (a notebook's cells of 1 MiB each, fetched files) is freed once
+    sent, but glibc keeps the freed heap, and the reset counted it as memory a call
+    left: ~51 MiB after a 64 MiB result, so every such call retired its container, and
+    a neighbour's call waited for a new one (eighteenth red-team round).
+    """
+    State.large_result = False
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: nothing to trim with
+
+
 def reset_container() -> tuple[bool, str]:
     """Empty every place a call can leave state, then prove the baseline. Never raises."""
     try:
@@ -1080,6 +1151,8 @@ def reset_container() -> tuple[bool, str]:
                     problems.append(f"{directory} not empty")
             except FileNotFoundError:
                 pass
+        if State.large_result:
+            give_back_memory()
         problems.extend(reset.back_to_baseline(State.baseline, agent_pids()))
         return not problems, "; ".join(problems)
     except BaseException as exc:  # a hostile shape must retire the container, not crash us
@@ -1130,7 +1203,10 @@ def start(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     identity.set_login_uid(sandbox_user.uid)
     State.agent, State.sandbox = agent_user, sandbox_user
     zygote.Setup.drop = identity.SandboxDrop(
-        sandbox_user, identity.last_capability(), identity.syscall_filter(machine, ip=ip)
+        sandbox_user,
+        identity.last_capability(),
+        identity.syscall_filter(machine, ip=ip, zygote=True),
+        identity.parent_filter(machine),
     )
 
     State.preloaded = tuple(modules)
@@ -1138,6 +1214,7 @@ def start(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     if light:
         # Small: no huge pages to collapse (its heap is a few MiB).
         State.zygotes[LIGHT] = _fork_zygote(zygote_user, list(light_calls.LIGHT_PRELOAD), False)
+    watch_children()
     identity.become(agent_user, wire.SUPERVISOR_CAPABILITIES)
     identity.harden_self()
     lock_memory()
@@ -1213,6 +1290,15 @@ DISCARD_BUDGET = 2.0
 """Seconds a discarded spare may take to be gone (killed, reaped and reported)."""
 
 
+def _state_of(pid: int) -> str:
+    """A process's state and parent, for a message."""
+    try:
+        state, parent = reset.read_text(f"/proc/{pid}/stat").rpartition(")")[2].split()[:2]
+    except (OSError, ValueError):
+        return "no longer listed"
+    return f"state {state}, parent {parent}"
+
+
 def _wait_gone(pid: int) -> None:
     """Until the zygote reported ``pid`` reaped: the call must not find it in ``/proc`` (a
     process it cannot account for) nor its sockets in the container's counts."""
@@ -1226,7 +1312,7 @@ def _wait_gone(pid: int) -> None:
             return
         left = give_up - time.monotonic()
         if left <= 0:
-            raise OSError(f"a discarded spare ({pid}) is still there")
+            raise OSError(f"a discarded spare ({pid}) is still there: {_state_of(pid)}")
         poller.poll(max(1, int(left * 1000)))
 
 
@@ -1271,6 +1357,7 @@ def main(argv: list[str]) -> int:
                 handed_over = True
                 result = run_call(request, child, nonce)
                 write_result(1, {**result, "nonce": nonce})
+                del result  # freed before the reset weighs the container's memory
                 if request.get("reset"):
                     write_frame(1, _reset_frame(request.get("id"), nonce))
             elif isinstance(kind, str) and kind in SESSION_FRAMES:

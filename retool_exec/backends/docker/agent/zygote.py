@@ -6,14 +6,17 @@ child's end of each descriptor over a unix socket (SCM_RIGHTS); the child
 reads its own request from one of them *after* it exists and has dropped to
 the calls' uid. So no call's code, stdin, files, output or nonce is ever in
 an address space a later call is forked from, and freed memory of earlier
-calls cannot be found in a child: there is none to copy.
+calls cannot be found in a child: there is none to copy. Nor is how a call
+ended: a call's process is the supervisor's child, not the zygote's
+(``forking``), so the supervisor reaps it and reads its exit status and CPU
+time (with the name the process gave itself) into memory no call is forked
+from.
 
 Zygote <-> supervisor messages (SOCK_SEQPACKET, one datagram each):
     supervisor -> zygote  b"F" + SCM_RIGHTS(events_w, request_r, out_w, err_w)
     zygote -> supervisor  b"R" + JSON {"loaded": [...], "failed": {...}} (ready, once)
                           b"P" + pid               (forked)
                           b"E" + reason            (fork failed)
-                          b"X" + pid + wait status (a child of the zygote ended)
 """
 
 from __future__ import annotations
@@ -48,8 +51,8 @@ FORKED_BYTE = b"F"
 the one byte that says its code starts (closed before the code exists, see ``_mark_started``)."""
 CHILD_FDS = 5
 STARTED_BYTE = b"S"
-PID_STATUS = struct.Struct("=iiq")
-"""pid, wait status and, for a SIGXCPU death, the CPU microseconds the process used."""
+FORKED_PID = struct.Struct("=i")
+"""The pid of a process forked for the supervisor (whose child it is: ``forking``)."""
 CHILD_NICE = 10
 """Calls run below the supervisor's priority, so it keeps the CPU it needs for deadlines."""
 CHILD_MEMLOCK = 0
@@ -84,15 +87,14 @@ class Setup:
     std_streams: StdStreams | None = None
     warm_child = False
     """Under gVisor: each spare child runs ``warm_up`` before it waits for its request."""
+    cpu_time_limited = True
+    """Whether a call's process gets ``RLIMIT_CPU``: not under gVisor, which counts the
+    time its tasks wait for the container's CPU share as CPU time (16 threads of fixed
+    work: 58 s counted in 14 s), so benign threaded programs were killed as
+    ``cpu_limit`` seconds into a 35 s limit (eighteenth red-team round). There the
+    call's wall-clock timeout and the container's CPU share bound it."""
     generators: list[Any] = []  # noqa: RUF012 - found once, before the first fork
     """Every random generator the zygote holds (``generators.find``), reseeded before each fork."""
-    forked: set[int] = set()  # noqa: RUF012 - the zygote's own bookkeeping
-    """The pids this zygote forked (``_fork_one``) whose end it has not reported yet.
-
-    Why: only those ends are reported. Any other child (one a call made with
-    ``CLONE_PARENT``, which the filter now refuses) is reaped and not reported: the
-    supervisor took such a report for the status of whichever later call's child drew
-    that pid, a status the planting call chose (tenth red-team round)."""
     agent_path: str | None = None
     """``sys.path[0]`` as the agent started (its own archive): a call gets the working
     directory there instead, as ``python3 -c`` has it (``_fresh_main``)."""
@@ -243,6 +245,7 @@ def serve(
         Setup.generators = generators.find()
         forking.choose(registered)
         Setup.warm_child = reset._in_gvisor()
+        Setup.cpu_time_limited = not Setup.warm_child
         control.send(b"R" + json.dumps({"loaded": loaded, "failed": failed}).encode())
     except BaseException as exc:
         control.send(b"!" + f"{type(exc).__name__}: {exc}".encode(errors="replace")[:4000])
@@ -259,53 +262,21 @@ def serve(
         for fd, _event in poller.poll():
             if fd == wake_r:
                 discard_pending(wake_r)
-                _report_exits(control)
+                _reap_quietly()
             else:
                 _fork_one(control, wake_r, wake_w)
 
 
-def _report_exits(control: socket.socket) -> None:
+def _reap_quietly() -> None:
+    """Reap this zygote's own children (``forking``'s middle processes), knowing nothing of
+    how they ended: a call's process is never the zygote's child."""
     while True:
         try:
-            ended = reap(-1)
+            pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
-        if ended is None:
+        if pid == 0:
             return
-        pid, status, cpu = ended
-        if pid in Setup.forked:
-            Setup.forked.discard(pid)
-            control.send(b"X" + PID_STATUS.pack(pid, status, int(cpu * 1e6)))
-
-
-def reap(pid: int) -> tuple[int, int, float] | None:
-    """Reap child ``pid`` (-1: any) if it ended: its pid, wait status and, if SIGXCPU
-    ended it, the CPU seconds it used itself; None if none ended yet.
-
-    Why its own: the rusage ``wait4`` gives adds the children it reaped, and a call
-    that forked children to burn the limit's CPU and then sent itself SIGXCPU read as
-    ``cpu_limit`` (ninth red-team round), which no process of it had reached. The
-    zombie's ``/proc/PID/stat`` still holds the process's own times until it is reaped.
-    """
-    which = os.P_ALL if pid == -1 else os.P_PID
-    ended = os.waitid(which, max(pid, 0), os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    if ended is None:
-        return None
-    cpu = 0.0
-    if ended.si_code in (os.CLD_KILLED, os.CLD_DUMPED) and ended.si_status == signal.SIGXCPU:
-        cpu = own_cpu_seconds(ended.si_pid)
-    _, status = os.waitpid(ended.si_pid, 0)
-    return ended.si_pid, status, cpu
-
-
-def own_cpu_seconds(pid: int) -> float:
-    """User and system CPU seconds of process ``pid`` itself, not its children (0: unknown)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            fields = handle.read().rpartition(b")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return 0.0
 
 
 def _fork_one(control: socket.socket, wake_r: int, wake_w: int) -> None:
@@ -337,10 +308,9 @@ def _fork_one(control: socket.socket, wake_r: int, wake_w: int) -> None:
         os.close(wake_r)
         os.close(wake_w)
         child_main(*fds)
-    Setup.forked.add(pid)
     for fd in fds:
         os.close(fd)
-    control.send(b"P" + PID_STATUS.pack(pid, 0, 0))
+    control.send(b"P" + FORKED_PID.pack(pid))
 
 
 DRAIN_LIMIT = 4 << 20
@@ -423,7 +393,8 @@ def child_main(events_w: int, request_r: int, out_w: int, err_w: int, started_w:
         # Soft below hard: at the soft limit Linux (and gVisor) send SIGXCPU, which reads
         # as cpu_limit; with the two equal the hard limit's SIGKILL came first, a bare
         # "signal 9" that SandboxFusion's clients take for an OOM kill.
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        if Setup.cpu_time_limited:
+            resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
         memory_mb = request.get("memory_mb")
         if memory_mb:
             data = int(memory_mb) * 1024 * 1024
