@@ -127,7 +127,9 @@ class DockerConfig(BackendConfigBase):
     cpu_seconds: int | None = Field(default=None, ge=1, le=24 * 3600)
     """CPU time (``RLIMIT_CPU``) each call's process may use, ending it as ``cpu_limit``;
     None: the call's timeout + 5 s, the seed's backstop behind the wall clock (which
-    only a process running threads on more than one CPU can reach)."""
+    only a process running threads on more than one CPU can reach). Not set under
+    gVisor, which counts time its tasks wait for the CPU share as CPU time (there the
+    timeout bounds the call)."""
     loopback_ip: bool | None = None
     """Whether calls may open IP sockets, TCP and UDP (on their own loopback: there is no
     other network), and netlink ones; a refused one fails with EACCES (a

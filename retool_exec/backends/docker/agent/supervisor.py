@@ -2,7 +2,8 @@
 
 It speaks ``wire`` frames with the host over the container's attach stream
 (fd 0 in, fd 1 out; no ``docker exec``, no mounts, no sockets), and runs each
-call in a child of the zygote (``zygote.py``), which never sees call data.
+call in a copy of the zygote (``zygote.py``), which never sees call data, not even
+how a call ended: the copy is the supervisor's child (``forking``), reaped here.
 
 Why it is built this way:
 - Four parties, three uids (``wire``): the supervisor (holds every call's
@@ -1323,6 +1324,7 @@ def main(argv: list[str]) -> int:
         loaded, failed = start(argv)
         reap_orphans()
         reset.create_loopback_neighbours()
+        reset.read_mounted_files_once()
         State.baseline = reset.measure(agent_pids())
         State.kept_inodes = reset.kept_inodes()
         State.spare = Child(FULL)
