@@ -92,6 +92,10 @@ class GuardedH11Protocol(H11Protocol):
         super().data_received(data)
         if self.conn.their_state is not h11.IDLE:
             self._disarm()  # the headers are in; the app takes over
+        self._time_the_body()
+
+    def _time_the_body(self) -> None:
+        """A request whose headers are in and whose body is not has ``body_timeout``."""
         if self.conn.their_state is h11.SEND_BODY:
             if self._body_timer is None:
                 self._body_timer = self.loop.call_later(self.body_timeout, self._body_too_slow)
@@ -100,6 +104,9 @@ class GuardedH11Protocol(H11Protocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        # A pipelined request uvicorn took from its buffer here, not in data_received:
+        # its body is timed from now (eighteenth red-team round's review).
+        self._time_the_body()
         # A pipelined request already (partly) buffered is timed from now.
         if (
             not self.transport.is_closing()

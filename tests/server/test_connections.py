@@ -121,6 +121,28 @@ def test_a_body_trickled_past_the_body_timeout_is_cut_off() -> None:
         assert answer == b"" or answer.startswith(b"HTTP/1.1 408"), answer
 
 
+def test_a_pipelined_request_s_body_is_timed_too() -> None:
+    """A second request sent with the first, its body left unfinished: uvicorn takes it
+    from its buffer after the first answer, outside ``data_received``."""
+    with (
+        guarded_server(token=None, body_timeout=1.0) as (_url, port),
+        socket.create_connection(("127.0.0.1", port)) as sock,
+    ):
+        body = b'{"code": "print(1)"}'
+        first = (
+            b"POST /run_code HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        second = b"POST /run_code HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{"
+        started = time.monotonic()
+        sock.sendall(first + second)
+        closed, answer = closed_within(sock, 1.0 + 4.0)
+        assert closed, answer
+        assert time.monotonic() - started < 1.0 + 4.0
+        assert answer.startswith(b"HTTP/1.1 200")
+
+
 def test_slow_but_timely_headers_are_served() -> None:
     with (
         guarded_server(token=None) as (_url, port),

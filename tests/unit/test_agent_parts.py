@@ -291,9 +291,9 @@ def test_a_status_reaped_before_a_fork_of_that_pid_is_not_the_new_child_s() -> N
 
 
 def test_the_supervisor_reaps_its_children_and_the_zygote_learns_nothing() -> None:
-    """In a fresh interpreter: the supervisor keeps each child's status (and a SIGXCPU
-    death's own CPU); the zygote reaps its own children (two forks' middles) and keeps
-    nothing of how they ended."""
+    """In a fresh interpreter: the supervisor keeps each watched child's status (and a
+    SIGXCPU death's own CPU), and reaps any other child keeping nothing; the zygote reaps
+    its own children (two forks' middles) and keeps nothing of how they ended."""
     import subprocess
     import sys
     import textwrap
@@ -308,11 +308,22 @@ def test_the_supervisor_reaps_its_children_and_the_zygote_learns_nothing() -> No
         if xcpu == 0:
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
             os.kill(os.getpid(), signal.SIGXCPU)
+        orphan = os.fork()  # one nobody watches: reaped, nothing of it kept
+        if orphan == 0:
+            os._exit(9)
         for pid in (plain, xcpu):
+            supervisor.watch(pid)
+        for pid in (plain, xcpu, orphan):
             os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
         supervisor.reap_children()
         assert supervisor.exits == {plain: 3 << 8, xcpu: signal.SIGXCPU}, supervisor.exits
         assert supervisor.xcpu_seconds == {xcpu: 0.0}, supervisor.xcpu_seconds
+        assert supervisor.watched == set()
+        try:
+            os.waitpid(orphan, os.WNOHANG)
+            raise AssertionError("the orphan was not reaped")
+        except ChildProcessError:
+            pass
         middle = os.fork()
         if middle == 0:
             os._exit(0)

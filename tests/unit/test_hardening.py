@@ -255,15 +255,27 @@ def test_the_host_s_disk_counts_are_masked_generic_places_and_each_disk(
     devices through their parents."""
     devices = tmp_path / "devices"
     disk = devices / "pci0000:00" / "virtio1" / "block" / "vda"
-    (disk / "vda1").mkdir(parents=True)
+    nvme = devices / "pci0000:00" / "nvme" / "nvme0" / "nvme0n1"
+    for partition in (disk / "vda1", nvme / "nvme0n1p1"):
+        partition.mkdir(parents=True)
+        (partition / "partition").write_text("1\n")
     (devices / "virtual" / "block" / "loop0").mkdir(parents=True)
     classes = tmp_path / "class" / "block"
     classes.mkdir(parents=True)
-    (classes / "vda").symlink_to(disk)
-    (classes / "vda1").symlink_to(disk / "vda1")
-    (classes / "loop0").symlink_to(devices / "virtual" / "block" / "loop0")
+    for link, target in (
+        ("vda", disk),
+        ("vda1", disk / "vda1"),
+        ("nvme0n1", nvme),
+        ("nvme0n1p1", nvme / "nvme0n1p1"),
+        ("loop0", devices / "virtual" / "block" / "loop0"),
+    ):
+        (classes / link).symlink_to(target)
     found = block_device_paths(str(tmp_path))
-    assert found == ("/sys/devices/pci0000:00/virtio1/block/vda",)
+    assert found == (
+        "/sys/devices/virtual/block/loop0",
+        "/sys/devices/pci0000:00/nvme/nvme0/nvme0n1",
+        "/sys/devices/pci0000:00/virtio1/block/vda",
+    )
     assert block_device_paths(str(tmp_path / "absent")) == ()
     masked = spec().host_config_fields["MaskedPaths"]
     assert {"/proc/sys/fs/quota", "/sys/block", "/sys/devices/virtual/block"} <= set(masked)

@@ -140,7 +140,8 @@ SYSFS = "/sys"
 
 def block_device_paths(sysfs: str = SYSFS) -> tuple[str, ...]:
     """Each block device's own sysfs directory on this machine (its counts live there, at
-    a path of its bus: ``/sys/devices/pci.../block/vda``), outside ``HOST_DISK_PATHS``.
+    a path of its bus: ``/sys/devices/pci.../block/vda``, ``.../nvme/nvme0/nvme0n1``),
+    whatever its bus; a partition is inside its disk's directory.
 
     Read from this machine's ``/sys``: with a Docker daemon on another machine these
     paths are that machine's only by chance, and a path it lacks is skipped by the
@@ -153,14 +154,11 @@ def block_device_paths(sysfs: str = SYSFS) -> tuple[str, ...]:
         return ()
     found = []
     for name in names:
+        if os.path.exists(os.path.join(root, name, "partition")):
+            continue
         real = os.path.realpath(os.path.join(root, name))
-        inside = SYSFS + real[len(sysfs) :] if real.startswith(sysfs + "/") else None
-        if (
-            inside
-            and os.path.basename(os.path.dirname(real)) == "block"  # a disk, not a partition
-            and not inside.startswith("/sys/devices/virtual/")
-        ):
-            found.append(inside)
+        if real.startswith(sysfs + "/"):
+            found.append(SYSFS + real[len(sysfs) :])
     return tuple(found)
 
 

@@ -507,26 +507,33 @@ CASES: tuple[Case, ...] = (
         "them, nor moves them with sync()",
         code=code("""
             import glob
-            def disks():  # each disk's own directory, found the long way: by its bus path
-                found, level = [], ["/sys/devices"]
-                for _depth in range(7):
+            def disks():  # each disk's own counts, found the long way: any device directory
+                found, level = [], ["/sys/devices"]  # that has both a stat and a queue
+                for _depth in range(10):
                     below = []
                     for directory in level:
                         try:
                             entries = list(os.scandir(directory))
                         except OSError:
                             continue
-                        for entry in entries:
-                            if entry.is_dir(follow_symlinks=False):
-                                (found if entry.name == "block" else below).append(entry.path)
-                    level = below[:20000]
-                return [path for block in found for path in glob.glob(block + "/*/stat")]
+                        names = {entry.name for entry in entries}
+                        if {"stat", "queue"} <= names:
+                            found.append(directory + "/stat")
+                        below += [entry.path for entry in entries
+                                  if entry.is_dir(follow_symlinks=False)]
+                    level = below[:50000]
+                return found
             paths = ["/proc/sys/fs/quota/syncs", *glob.glob("/sys/block/*/stat"),
                      *glob.glob("/sys/class/block/*/stat"), *glob.glob("/sys/dev/block/*/stat"),
                      *glob.glob("/sys/fs/*/*/lifetime_write_kbytes"), *disks()]
             before = {path: readable_counts([path]) and open(path).read() for path in paths}
             for _ in range(3):
                 os.sync()
+                try:
+                    with open("/etc/hostname", "rb") as handle:
+                        os.fsync(handle.fileno())  # a clean file on the host's disk: a flush
+                except OSError:
+                    pass
             moved = sorted(path for path in before
                            if before[path] and open(path).read() != before[path])
             report(readable=sorted(path for path in before if before[path])[:8], moved=moved[:8])

@@ -38,6 +38,11 @@ used only when
   (``CLONE_CHILD_SETTID``), as glibc's own ``fork`` has it do, and
 - the kernel honours ``CLONE_PARENT`` (gVisor ignores it: ``_gives_the_parent``).
 
+Unlike glibc's ``fork``, the plain clone runs no C-level ``pthread_atfork`` handler
+and registers no robust-mutex list in the copy. Both exist for a parent with other
+threads (locks another thread may hold, a pool to restart); with one thread there is
+none, and a preloaded library that keeps threads makes the zygote use two forks.
+
 Any other hook (a preloaded library that registers one) keeps ``os.fork()``.
 """
 

@@ -282,13 +282,17 @@ with a socket pair). inotify: the cookie of a rename's two events counts every r
 the host has made, in any container, watched or not, so a call renaming files K times
 moved the cookie a call in another container read by exactly K (the same round); its
 only users are file watchers (watchdog), which tool code does not need."""
-HOST_SYNC_SYSCALLS = {"x86_64": (162, 306), "aarch64": (81, 267)}
-"""sync and syncfs: done at once, with nothing done (a return of 0). Every file a call
-can write is in memory (``/tmp``, ``/dev/shm``), so there is nothing of its own to
-flush; what they did was flush the host's disks, and each ``sync()`` moved the host's
-quota sync count by two and the disk's flush and write counts by one, exact counts
-any container read (eighteenth red-team round; the counts are masked too:
-``hardening.HOST_DISK_PATHS``)."""
+HOST_SYNC_SYSCALLS = {
+    "x86_64": (162, 306, 74, 75, 26, 277),
+    "aarch64": (81, 267, 82, 83, 227, 84),
+}
+"""sync, syncfs, fsync, fdatasync, msync and sync_file_range: done at once, with nothing
+done (a return of 0). Every file a call can write is in memory (``/tmp``, ``/dev/shm``),
+so there is nothing of its own to flush; what they did was flush the host's disks: each
+``sync()`` moved the host's quota sync count by two and the disk's flush and write
+counts by one, exact counts any container read (eighteenth red-team round), and an
+``fsync`` of a clean file the host's disk holds (Docker's ``/etc/hostname``) still
+makes ext4 flush the disk. The counts are masked too (``hardening.HOST_DISK_PATHS``)."""
 SOCKET_OPTION_SYSCALLS = {"x86_64": 55, "aarch64": 209}
 """getsockopt: ``SOL_SOCKET``'s ``SO_COOKIE`` fails with ENOPROTOOPT, as on a kernel before
 4.12. A socket's cookie comes from one counter for the host, handed to each CPU in

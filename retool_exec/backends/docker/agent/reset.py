@@ -502,7 +502,8 @@ def read_mounted_files_once() -> None:
     stamps its access time and later reads do not. Left to a call, that first read
     was a time the call chose, which the next call read back (gVisor's
     ``/etc/hostname``, eighteenth red-team round). Read here, before any call, the
-    stamp is the agent's and stays.
+    stamp is the agent's; ``relatime`` stamps again once a day, so the baseline holds
+    these times too (``mounted_times``) and a container where one moved is retired.
     """
     try:
         lines = read_text("/proc/self/mountinfo").splitlines()
@@ -521,6 +522,20 @@ def read_mounted_files_once() -> None:
                     handle.read(1)
         except OSError:
             continue
+        _Mounted.points.append(point)
+
+
+class _Mounted:
+    points: list[str] = []  # noqa: RUF012 - found once, at start
+    """What ``read_mounted_files_once`` read: the baseline holds their access times."""
+
+
+def mounted_times() -> tuple[tuple[str, int], ...] | None:
+    """The access time of each file a mount put in place (``read_mounted_files_once``)."""
+    try:
+        return tuple((point, os.lstat(point).st_atime_ns) for point in _Mounted.points)
+    except OSError:
+        return None
 
 
 def create_loopback_neighbours() -> None:
@@ -608,6 +623,7 @@ def measure(agents: Sequence[int] = ()) -> dict[str, object]:
     facts["network setup"] = network_setup()
     facts["neighbours"] = neighbours()
     facts["agent settings"] = agent_settings(agents)
+    facts["mounted times"] = mounted_times()
     for directory in wire.SCRATCH_DIRS:
         facts[f"space:{directory}"] = _statvfs(directory)
     sockstat = _sockstat()
@@ -657,7 +673,7 @@ def compare(baseline: dict[str, object], now: dict[str, object]) -> list[str]:
     moved = neighbours_moved(baseline.get("neighbours"), now.get("neighbours"))
     if moved:
         problems.append(f"neighbour cache changed: {moved}")
-    for key in ("network setup", "agent settings"):
+    for key in ("network setup", "agent settings", "mounted times"):
         if baseline.get(key) != now.get(key):
             problems.append(f"{key} changed: {_difference(baseline.get(key), now.get(key))}")
     before_fds, after_fds = baseline.get("fds"), now.get("fds")

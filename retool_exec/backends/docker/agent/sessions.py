@@ -77,6 +77,7 @@ def handle(request: dict[str, Any], nonce: object) -> dict[str, Any]:
     if kind == "family_reset":
         for key in list(table):
             close_session(key)
+        sv.State.large_result = True  # a family's cells may have sent large results
         clean, reason = sv.reset_container()
         return {**reply, "type": "reset", "clean": clean, "reason": reason}
     return {**reply, "type": "error", "reason": f"unknown session frame {kind!r}"}
@@ -153,8 +154,7 @@ def fork_session(sid: int, new_sid: int) -> dict[str, Any]:
         if said is not None:
             return _refused(new_sid, f"the fork failed: {said}")
         return _refused(new_sid, "the fork did not start (out of memory or processes?)")
-    if os.path.exists(f"/proc/{pid}"):
-        sv.forget_exit(pid)  # not reaped yet: a status recorded for its pid is an earlier one's
+    sv.watch(pid)  # nothing is reaped between the fork and here: it is not reaped yet
     copy.pid = pid
     table[new_sid] = copy
     return {"type": "session", "sid": new_sid, "ok": True}

@@ -104,6 +104,7 @@ class State:
     (``give_back_memory``) before it compares memory with the baseline."""
     child_ended = -1
     """The read end of the SIGCHLD wakeup pipe: a call's process ended (``watch_children``)."""
+    child_ended_w = -1
 
 
 # -- framing on the attach stream ------------------------------------------------------
@@ -277,7 +278,7 @@ class Child:
         self.started_r = started_r
         self.request = request_sock
         self.status: int | None = None
-        """The wait status, once the zygote reported it."""
+        """The wait status, once the supervisor reaped it."""
         self.code_started = False
         self.gate_closed = False
         """The gate reached end-of-file: past it, ``code_started`` is final."""
@@ -329,9 +330,14 @@ CPU_LIMIT_SLACK = 0.1
 (the kernel checks at its tick; the limit is whole seconds, a forger is far below)."""
 
 
-EXITS_KEPT = 10_000
-"""Unclaimed statuses kept at most (the oldest go): a call whose processes end by the
-thousand cannot grow the supervisor; only its own result could lose its status."""
+watched: set[int] = set()
+"""The processes whose status someone will claim: each call's and session's process, from
+when its pid is learnt (``watch``). Any other child (an orphan a call left) is reaped
+and nothing of it kept, so a call that makes and ends processes by the thousand cannot
+grow the supervisor."""
+REAPS_PER_WAKE = 1024
+"""Children reaped at most per look (``reap_children``); then the look is asked for again,
+so that a call making orphans as fast as they are reaped cannot hold the supervisor."""
 
 
 def watch_children() -> None:
@@ -343,22 +349,34 @@ def watch_children() -> None:
     ended_r, ended_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(ended_w, warn_on_full_buffer=False)
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    State.child_ended = ended_r
+    State.child_ended, State.child_ended_w = ended_r, ended_w
+
+
+def watch(pid: int) -> None:
+    """``pid`` is a new process of ours whose status will be claimed. Called before the
+    supervisor reaps anything again, so it is not reaped yet: whatever is recorded for its
+    pid is an earlier process's, and goes."""
+    forget_exit(pid)
+    watched.add(pid)
 
 
 def reap_children() -> None:
-    """Reap every child that ended, keeping its wait status (and for a SIGXCPU death the
-    CPU it used itself) for whoever claims its pid."""
-    while True:
+    """Reap the children that ended, keeping the wait status (and for a SIGXCPU death the
+    CPU it used itself) of each watched one for whoever claims its pid."""
+    for _ in range(REAPS_PER_WAKE):
         try:
             ended = reap(-1)
         except ChildProcessError:
             return
         if ended is None:
             return
-        record_exit(*ended)
-        while len(exits) > EXITS_KEPT:
-            forget_exit(next(iter(exits)))
+        if ended[0] in watched:
+            watched.discard(ended[0])
+            record_exit(*ended)
+    try:
+        os.write(State.child_ended_w, b"\0")  # more may have ended: look again soon
+    except OSError:
+        pass
 
 
 def reap(pid: int) -> tuple[int, int, float] | None:
@@ -375,7 +393,8 @@ def reap(pid: int) -> tuple[int, int, float] | None:
     if ended is None:
         return None
     cpu = 0.0
-    if ended.si_code in (os.CLD_KILLED, os.CLD_DUMPED) and ended.si_status == signal.SIGXCPU:
+    killed = ended.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
+    if killed and ended.si_status == signal.SIGXCPU and ended.si_pid in watched:
         cpu = own_cpu_seconds(ended.si_pid)
     _, status = os.waitpid(ended.si_pid, 0)
     return ended.si_pid, status, cpu
@@ -437,7 +456,7 @@ def wait_for_fork(server: ForkServer) -> int:
         kind, body = message[:1], message[1:]
         if kind == b"P":
             pid = int(zygote.FORKED_PID.unpack(body)[0])
-            forget_exit(pid)  # a status for this pid reaped so far was an earlier process's
+            watch(pid)
             return pid
         if kind == b"E":
             raise OSError(f"the zygote could not fork: {body.decode(errors='replace')}")
@@ -504,7 +523,7 @@ def call_processes() -> list[int]:
     reaping, then listing only the live ones let through every process that turned
     zombie between the reaping and the listing (a process of many threads takes a
     while to: corpus case ``res-zombie-of-the-reset``). Every zombie here has a
-    parent that reaps it: the supervisor (orphans), or the zygote (its children).
+    parent that reaps it: the supervisor (each call's process, and orphans).
     """
     spared = set(agent_pids())
     pids = []
@@ -920,7 +939,7 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
     cpu_limit = reached_cpu_limit(child.pid, returncode, float(to_child["cpu_seconds"]))
     child.close_channels()  # (its output pipes were closed above)
     big = request.get("fetch") or cells or sum(len(tail.buf) for tail in tails.values()) > SMALL
-    State.large_result = State.large_result or bool(big)
+    State.large_result = State.large_result or bool(big) or _large_request(request)
     if big and started_code:
         announce_ended(
             request,
@@ -1121,6 +1140,15 @@ def drain_pipe(
 # -- reset between calls -------------------------------------------------------------------------
 
 
+def _large_request(request: dict[str, Any]) -> bool:
+    """Whether what came in (code, stdin, uploads) was large enough to leave freed heap."""
+    files = request.get("files")
+    parts = [request.get("code"), request.get("stdin")]
+    if isinstance(files, list):
+        parts += [part for item in files if isinstance(item, list) for part in item]
+    return sum(len(part) for part in parts if isinstance(part, str)) > SMALL
+
+
 def give_back_memory() -> None:
     """Return the supervisor's freed heap to the kernel (glibc's ``malloc_trim``).
 
@@ -1301,7 +1329,7 @@ def _state_of(pid: int) -> str:
 
 
 def _wait_gone(pid: int) -> None:
-    """Until the zygote reported ``pid`` reaped: the call must not find it in ``/proc`` (a
+    """Until ``pid`` is reaped: the call must not find it in ``/proc`` (a
     process it cannot account for) nor its sockets in the container's counts."""
     give_up = time.monotonic() + DISCARD_BUDGET
     poller = select.poll()
@@ -1317,12 +1345,23 @@ def _wait_gone(pid: int) -> None:
         poller.poll(max(1, int(left * 1000)))
 
 
+def settle_start(budget: float = 1.0) -> None:
+    """Before the baseline: reap what start left (the zygotes' probe of ``forking``, whose
+    copy is the supervisor's child), so no zombie of it is in the baseline or a call."""
+    give_up = time.monotonic() + budget
+    while True:
+        reap_orphans()
+        if not call_processes() or time.monotonic() > give_up:
+            return
+        time.sleep(0.005)
+
+
 def main(argv: list[str]) -> int:
     from . import sessions
 
     try:
         loaded, failed = start(argv)
-        reap_orphans()
+        settle_start()
         reset.create_loopback_neighbours()
         reset.read_mounted_files_once()
         State.baseline = reset.measure(agent_pids())
@@ -1360,6 +1399,8 @@ def main(argv: list[str]) -> int:
                 result = run_call(request, child, nonce)
                 write_result(1, {**result, "nonce": nonce})
                 del result  # freed before the reset weighs the container's memory
+                for field in ("code", "stdin", "files", "cells"):  # ... as is what came in
+                    request.pop(field, None)
                 if request.get("reset"):
                     write_frame(1, _reset_frame(request.get("id"), nonce))
             elif isinstance(kind, str) and kind in SESSION_FRAMES:
