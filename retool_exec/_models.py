@@ -113,7 +113,8 @@ class ExecResult(BaseModel):
     backend: str = ""
     """Name of the backend that ran the call (``"local"``, ``"docker"``, ...)."""
     queue_wait: float = Field(default=0.0, ge=0.0)
-    """Seconds of ``latency`` spent waiting for a slot or a warm container."""
+    """Seconds of ``latency`` spent waiting for a slot or a warm container (the sandbox's
+    own start included, for the calls that wait for it)."""
     detail: str = ""
     """For sandbox failures and rejections: what went wrong, for the operator."""
     files: dict[str, bytes] = Field(default_factory=dict)

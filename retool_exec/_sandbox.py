@@ -563,8 +563,9 @@ class Sandbox:
         async with slots:
             if self._closed:  # while it waited for a slot (on a loop of its caller's)
                 raise SandboxClosedError("this sandbox was closed while the call waited")
-            slot_wait = time.perf_counter() - submitted
             await self._ensure_started()
+            # The sandbox's own start (its first containers) is waiting too, not running.
+            slot_wait = time.perf_counter() - submitted
             result = await self.backend.run(request)
         result = result.model_copy(
             update={
