@@ -138,6 +138,7 @@ directory (``block_device_paths``). gVisor has none of them."""
 SYSFS = "/sys"
 
 
+@functools.cache
 def block_device_paths(sysfs: str = SYSFS) -> tuple[str, ...]:
     """Each block device's own sysfs directory on this machine (its counts live there, at
     a path of its bus: ``/sys/devices/pci.../block/vda``, ``.../nvme/nvme0/nvme0n1``),
@@ -300,15 +301,10 @@ def container_spec(
             *DOCKER_MASKED_PATHS,
             *HOST_COUNTER_PATHS,
             *HOST_DISK_PATHS,
-            *_block_devices(),
+            *block_device_paths(),
         ]
     }
     return ContainerSpec(create=create, host_config=host_config, host_config_fields=fields)
-
-
-@functools.cache
-def _block_devices() -> tuple[str, ...]:
-    return block_device_paths()
 
 
 def _without_a_network(

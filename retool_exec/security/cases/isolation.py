@@ -293,8 +293,6 @@ _WRITABLE_NODES = """
 """
 
 _READABLE_PLACES = """
-    import glob
-
     def readable_places():
         \"\"\"What a call can read and the reset does not own, each with its access time as
         found (10 ms ticks): everything under /dev (at any depth, /dev/shm aside), each

@@ -261,6 +261,12 @@ def clean(deadline: float, inodes: Sequence[str] = ()) -> list[str]:
 # -- the baseline -------------------------------------------------------------------------
 
 
+def stat_fields(pid: int | str) -> list[str]:
+    """The fields of ``/proc/PID/stat`` after the process's name (its state first): the
+    name is the process's own choice and may hold spaces and parentheses."""
+    return read_text(f"/proc/{pid}/stat").rpartition(")")[2].split()
+
+
 def _statvfs(path: str) -> tuple[int, int] | None:
     try:
         st = os.statvfs(path)

@@ -27,8 +27,8 @@ import struct
 import time
 from typing import Any
 
+from . import reset, wire, zygote
 from . import supervisor as sv
-from . import wire, zygote
 
 START_BUDGET = 5.0
 """Seconds a new session or fork has to report that it is ready."""
@@ -276,8 +276,7 @@ def _collect(pid: int, wait: float = 0.5) -> int | None:
 
 def _alive(pid: int) -> bool:
     try:
-        with open(f"/proc/{pid}/stat") as handle:
-            state = handle.read().rpartition(")")[2].split()[0]
+        state = reset.stat_fields(pid)[0]
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")

@@ -403,7 +403,7 @@ def reap(pid: int) -> tuple[int, int, float] | None:
 def own_cpu_seconds(pid: int) -> float:
     """User and system CPU seconds of process ``pid`` itself, not its children (0: unknown)."""
     try:
-        fields = reset.read_text(f"/proc/{pid}/stat").rpartition(")")[2].split()
+        fields = reset.stat_fields(pid)
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return 0.0
@@ -505,11 +505,6 @@ def signal_call(pid: int, signum: int) -> None:
             pass
 
 
-def reap_orphans() -> None:
-    """Reap every child that ended (orphans the supervisor adopted too)."""
-    reap_children()
-
-
 def agent_pids() -> list[int]:
     """The agent's own processes: the supervisor and the zygotes."""
     return [os.getpid(), *(server.pid for server in State.zygotes.values())]
@@ -530,7 +525,7 @@ def call_processes() -> list[int]:
     for entry in os.listdir("/proc"):
         if entry.isdigit() and int(entry) not in spared:
             try:
-                state = reset.read_text(f"/proc/{entry}/stat").rpartition(")")[2].split()[0]
+                state = reset.stat_fields(entry)[0]
             except (OSError, IndexError):
                 continue  # gone (reaped) meanwhile
             if state != "X":
@@ -544,7 +539,6 @@ def end_all_calls(budget: float = 2.0) -> list[int]:
     give_up = time.monotonic() + budget
     while True:
         kill_calls()
-        reap_orphans()
         take_exit_messages()
         left = call_processes()
         if not left or time.monotonic() > give_up:
@@ -927,7 +921,7 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
                 take_exit_messages()
         if woken:
             continue
-        reap_orphans()  # a zombie the supervisor adopted is not a writer
+        reap_children()  # a zombie the supervisor adopted is not a writer
         if not call_processes():
             # No writer is left, yet a pipe is open: its end is held in flight (a unix
             # socket cycle the call made, which only the kernel's collector ends). Nothing
@@ -1322,7 +1316,7 @@ DISCARD_BUDGET = 2.0
 def _state_of(pid: int) -> str:
     """A process's state and parent, for a message."""
     try:
-        state, parent = reset.read_text(f"/proc/{pid}/stat").rpartition(")")[2].split()[:2]
+        state, parent = reset.stat_fields(pid)[:2]
     except (OSError, ValueError):
         return "no longer listed"
     return f"state {state}, parent {parent}"
@@ -1350,7 +1344,7 @@ def settle_start(budget: float = 1.0) -> None:
     copy is the supervisor's child), so no zombie of it is in the baseline or a call."""
     give_up = time.monotonic() + budget
     while True:
-        reap_orphans()
+        reap_children()
         if not call_processes() or time.monotonic() > give_up:
             return
         time.sleep(0.005)
