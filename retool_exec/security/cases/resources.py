@@ -735,4 +735,40 @@ CASES: tuple[Case, ...] = (
         "and replaced. Under runc the kernel lists SysV objects and /tmp has 4096 inodes, "
         "so the reset stays short; the case is about gVisor.",
     ),
+    Case(
+        id="res-orphan-flood",
+        klass=CaseClass.RESOURCES,
+        title="orphans made and ended as fast as a call can do not hold the agent past the "
+        "call's timeout, nor leave their ends for the next call",
+        code=code("""
+            name_process()
+            while True:
+                try:
+                    middle = os.fork()
+                except OSError:
+                    continue
+                if middle == 0:
+                    if os.fork() == 0:
+                        os._exit(7)  # an orphan the supervisor adopts, ended at once
+                    os._exit(0)
+                os.waitpid(middle, 0)
+        """),
+        follow_up=code("""
+            report(genuine=TOKEN)
+        """),
+        contained=lambda obs: (
+            obs.result.outcome is Outcome.TIMEOUT
+            and on_time(obs, grace=1.0)
+            and obs.follow_facts() == {"genuine": obs.ctx.token}
+        ),
+        severity=Severity.MEDIUM,
+        reference="retool_exec red-team round of 2026-12-05 (eighteenth): each call's process "
+        "is the supervisor's child, which reaps every child on SIGCHLD (at most "
+        "supervisor.REAPS_PER_WAKE a look) and keeps the statuses of its own calls only",
+        timeout=2.0,
+        exclusive=True,
+        local=Expect.HARMFUL,
+        note="An orphan's end is reaped and forgotten: no status of it can be taken for a "
+        "later process's, and no flood of them delays the deadline.",
+    ),
 )
