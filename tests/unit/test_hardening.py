@@ -10,8 +10,11 @@ from retool_exec import DockerConfig
 from retool_exec.backends.docker.hardening import (
     BASE_ENV,
     DOCKER_MASKED_PATHS,
+    HOST_PROC_PATHS,
+    PROC_VISIBLE,
     block_device_paths,
     container_spec,
+    host_proc_paths,
 )
 
 MIB = 1024 * 1024
@@ -280,6 +283,28 @@ def test_the_host_s_disk_counts_are_masked_generic_places_and_each_disk(
     masked = spec().host_config_fields["MaskedPaths"]
     assert {"/proc/sys/fs/quota", "/sys/block", "/sys/devices/virtual/block"} <= set(masked)
     assert set(block_device_paths()) <= set(masked)
+
+
+def test_every_top_level_proc_entry_but_processes_and_the_reviewed_ones_is_masked(
+    tmp_path: Path,
+) -> None:
+    """An entry a newer kernel adds is hidden until reviewed; processes, links (self,
+    mounts, net) and the reviewed entries stay; the fixed list holds without a /proc."""
+    (tmp_path / "1").mkdir()
+    (tmp_path / "4242").mkdir()
+    (tmp_path / "fs").mkdir()
+    for name in ("cpuinfo", "stat", "interrupts", "brand-new-counter"):
+        (tmp_path / name).write_text("0\n")
+    (tmp_path / "self").symlink_to(tmp_path / "1")
+    (tmp_path / "mounts").symlink_to(tmp_path / "1")
+    found = host_proc_paths(str(tmp_path))
+    assert {"/proc/fs", "/proc/interrupts", "/proc/brand-new-counter"} <= set(found)
+    assert not {"/proc/1", "/proc/4242", "/proc/self", "/proc/mounts", "/proc/cpuinfo"} & set(found)
+    assert set(host_proc_paths(str(tmp_path / "absent"))) == set(HOST_PROC_PATHS)
+    assert not {f"/proc/{name}" for name in PROC_VISIBLE} & set(HOST_PROC_PATHS)
+    masked = spec().host_config_fields["MaskedPaths"]
+    assert set(host_proc_paths()) <= set(masked)
+    assert len(masked) == len(set(masked))  # a path mounted over once
 
 
 def test_docker_s_masked_paths_are_kept_and_the_host_s_file_counts_are_added() -> None:

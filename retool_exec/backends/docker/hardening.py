@@ -135,6 +135,74 @@ between calls of different containers (eighteenth red-team round). The calls' fi
 refuses ``sync`` and ``syncfs``; reading a file the page cache does not hold still moves
 the read counts, so they are masked: these generic places, and each block device's own
 directory (``block_device_paths``). gVisor has none of them."""
+PROC_VISIBLE = (
+    "cpuinfo",  # CPU model and features: numpy, BLAS and the standard library read it
+    "meminfo",  # the host's memory, as sysinfo() gives it anyway (docs/security.md)
+    "stat",  # CPU times and the process count, what psutil and others read (documented)
+    "uptime",  # as sysinfo() gives it
+    "loadavg",  # as sysinfo() gives it
+    "version",  # as uname() gives it
+    "filesystems",  # static: which file systems the kernel knows
+    "swaps",  # static here: the host's swap areas, read by psutil
+    "sys",  # read-only; its host-wide counts are masked one by one (HOST_COUNTER_PATHS)
+    "sysvipc",  # the container's own IPC namespace
+    "mounts",  # a link to self/mounts: the container's own
+    "net",  # a link to self/net: the container's own namespace
+    "self",
+    "thread-self",
+)
+"""The top-level ``/proc`` entries besides processes that a call may read: what code in
+the wild reads, each either the container's own or a host figure already documented.
+Every other entry is masked (``host_proc_paths``): the list of what the kernel shows
+grows with its version and configuration, and a denylist missed ``/proc/fs``, whose ext4
+statistics count the host disk's extent-cache hits, moved by one per ``lseek(SEEK_DATA)``
+of any image file: 16 bits per 0.35 s between calls of different containers, ``fresh``
+included (nineteenth red-team round)."""
+HOST_PROC_PATHS = (
+    "/proc/fs",
+    "/proc/interrupts",
+    "/proc/softirqs",
+    "/proc/pressure",
+    "/proc/cgroups",
+    "/proc/crypto",
+    "/proc/partitions",
+    "/proc/devices",
+    "/proc/cmdline",
+    "/proc/config.gz",
+    "/proc/kallsyms",
+    "/proc/modules",
+    "/proc/schedstat",
+    "/proc/slabinfo",
+)
+"""Host-wide ``/proc`` entries masked even when this machine's ``/proc`` cannot be read
+(a Docker daemon on another machine): ``host_proc_paths`` masks every entry outside
+``PROC_VISIBLE`` that this machine has, and these whatever it has."""
+PROCFS = "/proc"
+
+
+@functools.cache
+def host_proc_paths(procfs: str = PROCFS) -> tuple[str, ...]:
+    """Every top-level ``/proc`` entry of this machine that is neither a process nor in
+    ``PROC_VISIBLE``, and ``HOST_PROC_PATHS``: masked, so an entry a newer kernel adds
+    is hidden until someone reviews it, not shown until someone notices it.
+
+    Links are left alone (``self``, ``mounts``, ``net``: each the reader's own); a path
+    the container's kernel lacks is skipped by the runtime.
+    """
+    try:
+        names = sorted(os.listdir(procfs))
+    except OSError:
+        names = []
+    found = [
+        f"{PROCFS}/{name}"
+        for name in names
+        if not name.isdigit()
+        and name not in PROC_VISIBLE
+        and not os.path.islink(os.path.join(procfs, name))
+    ]
+    return tuple(sorted({*found, *HOST_PROC_PATHS}))
+
+
 SYSFS = "/sys"
 
 
@@ -297,12 +365,17 @@ def container_spec(
     }
     _without_a_network(create, host_config, own_image=send_agent is None)
     fields = {
-        "MaskedPaths": [
-            *DOCKER_MASKED_PATHS,
-            *HOST_COUNTER_PATHS,
-            *HOST_DISK_PATHS,
-            *block_device_paths(),
-        ]
+        "MaskedPaths": list(
+            dict.fromkeys(  # once each: a path on two lists would be mounted over twice
+                [
+                    *DOCKER_MASKED_PATHS,
+                    *HOST_COUNTER_PATHS,
+                    *HOST_DISK_PATHS,
+                    *block_device_paths(),
+                    *host_proc_paths(),
+                ]
+            )
+        )
     }
     return ContainerSpec(create=create, host_config=host_config, host_config_fields=fields)
 

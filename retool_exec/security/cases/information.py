@@ -550,6 +550,80 @@ CASES: tuple[Case, ...] = (
         local=Expect.HOST_DEPENDENT,
     ),
     Case(
+        id="info-host-extent-cache",
+        klass=CaseClass.INFORMATION,
+        title="no call reads the host file system's own statistics (/proc/fs), which one "
+        "lseek() of an image file moves by one",
+        code=code("""
+            import glob, re
+            def hits():
+                found = {}
+                for path in glob.glob("/proc/fs/*/*/*"):
+                    try:
+                        text = open(path).read(65536)
+                    except OSError:
+                        continue
+                    match = re.search(r"(\\d+)/(\\d+) cache hits/misses", text)
+                    if match:
+                        found[path] = int(match.group(1))
+                return found
+            before = hits()
+            fd = os.open(os.path.realpath("/usr/bin/python3"), os.O_RDONLY)
+            for _ in range(1000):
+                os.lseek(fd, 0, os.SEEK_DATA)  # overlay asks the host's ext4: one hit each
+            after = hits()
+            readable = sorted(readable_counts(glob.glob("/proc/fs/*/*/*")))
+            report(readable=readable[:8],
+                   moved={path: after[path] - before[path] for path in before if path in after})
+        """),
+        contained=lambda obs: obs.facts()["readable"] == [],
+        severity=Severity.MEDIUM,
+        reference="retool_exec red-team round of 2026-12-06 (nineteenth): under runc "
+        "/proc/fs/ext4/<disk>/es_shrinker_info counts the host disk's extent-cache hits, "
+        "and each lseek(SEEK_DATA) of an image file adds one: 16 bits per 0.35 s between "
+        "calls of different containers, fresh included",
+        note="Masked under runc (hardening.host_proc_paths masks every top-level /proc entry "
+        "outside PROC_VISIBLE); gVisor has no /proc/fs.",
+        local=Expect.HOST_DEPENDENT,
+    ),
+    Case(
+        id="info-host-proc-entries",
+        klass=CaseClass.INFORMATION,
+        title="of /proc's top level, a call reads only its own processes and the reviewed "
+        "entries, whatever the kernel adds",
+        code=code("""
+            reviewed = {"cpuinfo", "meminfo", "stat", "uptime", "loadavg", "version",
+                        "filesystems", "swaps", "sys", "sysvipc", "mounts", "net", "self",
+                        "thread-self"}
+            gvisor = os.path.exists("/proc/sentry-meminfo")  # the Sentry's own, not the host's
+            shown = []
+            for name in sorted(os.listdir("/proc")):
+                path = "/proc/" + name
+                if name.isdigit() or name in reviewed or os.path.islink(path):
+                    continue
+                try:
+                    if os.path.isdir(path):
+                        content = os.listdir(path)
+                    else:
+                        with open(path, "rb") as handle:
+                            content = handle.read(4096)
+                except OSError:
+                    continue
+                if content:
+                    shown.append(name)
+            report(shown=shown, gvisor=gvisor)
+        """),
+        contained=lambda obs: obs.facts()["gvisor"] or obs.facts()["shown"] == [],
+        severity=Severity.LOW,
+        reference="retool_exec red-team round of 2026-12-06 (nineteenth): masking host-wide "
+        "/proc entries one by one missed /proc/fs (info-host-extent-cache); the interrupt, "
+        "softirq and pressure counts, the host's cgroup count and its devices were shown too",
+        note="Masked under runc: every top-level entry outside hardening.PROC_VISIBLE. "
+        "This list is the audit's own, so a change to PROC_VISIBLE shows here. Under gVisor "
+        "/proc is the Sentry's own (its cgroups and cmdline are made up), so it passes.",
+        local=Expect.HOST_DEPENDENT,
+    ),
+    Case(
         id="info-host-rename-cookie",
         klass=CaseClass.INFORMATION,
         title="no call reads the host's count of renames (the cookie of inotify's move events)",
