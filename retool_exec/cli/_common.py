@@ -17,9 +17,11 @@ and a problem is a ``ConfigError`` naming the setting and where it came from.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,7 @@ __all__ = [
     "build_configs",
     "parse_set",
     "read_config_file",
+    "sigterm_stops_quietly",
     "user_layers",
 ]
 
@@ -223,3 +226,16 @@ def build_configs(
                     layers.add({key: value}, layer.sources[key])
         configs[spec.name] = spec.config(layers.values, sources=layers.sources)
     return configs
+
+
+@contextlib.contextmanager
+def sigterm_stops_quietly() -> Iterator[None]:
+    """uvicorn stops gracefully on SIGTERM, then raises it again with the handler it found:
+    this one does nothing, so the command returns and its ``with Sandbox`` closes the
+    sandbox (removing its containers) and exits 0. With Python's default handler there,
+    a supervisor's SIGTERM ended the process before that and left the containers."""
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

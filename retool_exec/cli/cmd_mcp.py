@@ -12,7 +12,6 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from retool_exec._sandbox import DEFAULT_SESSION_TTL, Sandbox
@@ -26,6 +25,7 @@ from retool_exec.cli._common import (
     add_settings_options,
     backend_list,
     build_configs,
+    sigterm_stops_quietly,
 )
 
 if TYPE_CHECKING:
@@ -263,7 +263,7 @@ def _serve_http(server: MCPServer, port: int, log_level: str) -> int:
             timeout_graceful_shutdown=5,
         )
         http = uvicorn.Server(config)
-        with _sigterm_stops_quietly():
+        with sigterm_stops_quietly():
             asyncio.run(http.serve(sockets=[sock]))
     finally:
         sock.close()
@@ -273,14 +273,3 @@ def _serve_http(server: MCPServer, port: int, log_level: str) -> int:
 def _port(sock: socket.socket) -> int:
     port: int = sock.getsockname()[1]
     return port
-
-
-@contextlib.contextmanager
-def _sigterm_stops_quietly() -> Iterator[None]:
-    """uvicorn stops gracefully on SIGTERM, then raises it again with the handler it found:
-    this one does nothing, so the command returns (closing the sandbox) and exits 0."""
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)

@@ -24,6 +24,7 @@ from retool_exec.cli._common import (
     add_settings_options,
     backend_list,
     build_configs,
+    sigterm_stops_quietly,
 )
 from retool_exec.server.guards import is_loopback
 
@@ -252,7 +253,8 @@ def _handle(args: argparse.Namespace) -> int:
                     timeout_graceful_shutdown=10,
                 )
             )
-            server.run(sockets=[sock])
+            with sigterm_stops_quietly():  # a supervisor's stop closes the sandbox too
+                server.run(sockets=[sock])
             started: bool = server.started
     finally:
         sock.close()

@@ -9,12 +9,14 @@ import subprocess
 import sys
 import time
 
+import docker
 import httpx
 import pytest
 
 from retool_exec.backends.config import DockerConfig, LocalConfig
 from retool_exec.cli import build_parser, main
 from retool_exec.cli.cmd_serve import TOKEN_ENV, build_config, is_loopback
+from tests.conftest import TEST_LABEL, require_docker
 
 pytestmark = pytest.mark.server
 
@@ -123,3 +125,47 @@ def test_serve_runs_as_a_process_with_a_token_from_the_environment() -> None:
     # A clean shutdown on Ctrl-C: uvicorn re-raises SIGINT, `main` maps it to 130.
     assert process.returncode == 130
     assert b"Traceback" not in stderr
+
+
+@pytest.mark.docker
+def test_sigterm_stops_a_docker_server_and_removes_its_containers() -> None:
+    """A supervisor (systemd, Kubernetes) stops a service with SIGTERM: the server closes
+    its sandbox as on Ctrl-C and exits 0, leaving none of its containers behind."""
+    require_docker()
+    port = _free_port()
+    label = f"sigterm-{os.getpid()}"
+    command = [
+        *(sys.executable, "-m", "retool_exec.cli", "serve", "--backend", "docker"),
+        *("--port", str(port), "--max-concurrency", "2", "--log-level", "warning"),
+        *("--set", f'labels={{"{TEST_LABEL}": "{label}"}}'),
+    ]
+    client = docker.from_env()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                answer = httpx.post(
+                    f"http://127.0.0.1:{port}/run_code", json={"code": "print(6 * 7)"}, timeout=30
+                )
+                break
+            except httpx.TransportError:
+                assert process.poll() is None, process.communicate()[1].decode()
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        assert answer.json()["run_result"]["stdout"] == "42\n"
+        ours = {"label": f"{TEST_LABEL}={label}"}
+        assert client.api.containers(all=True, filters=ours)  # the pool is up
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=40)
+        assert process.returncode == 0, stderr.decode()
+        assert client.api.containers(all=True, filters=ours) == []
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+        for container in client.api.containers(
+            all=True, filters={"label": f"{TEST_LABEL}={label}"}
+        ):
+            client.api.remove_container(container["Id"], force=True)
+        client.close()
