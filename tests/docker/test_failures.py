@@ -97,6 +97,60 @@ def test_oom_is_reported_as_oom_not_timeout_nor_sandbox_error() -> None:
         assert sandbox.stats.metrics()["sandbox/oom_rate"] == 0.5
 
 
+CHILD_OOM = (
+    "import subprocess, sys\n"
+    "subprocess.run([sys.executable, '-c', 'b = bytearray(400 << 20)']).returncode"
+)
+"""A cell (or call) whose child the OOM killer ends while it goes on: Docker marks the
+container ``OOMKilled`` for the rest of its life."""
+
+
+def _kill_later(container_id: str, delay: float) -> threading.Timer:
+    def kill() -> None:
+        client = docker.from_env()
+        try:
+            client.api.kill(container_id)
+        finally:
+            client.close()
+
+    timer = threading.Timer(delay, kill)
+    timer.start()
+    return timer
+
+
+def test_an_earlier_oom_in_the_container_does_not_make_a_later_failure_oom() -> None:
+    """Judged by the OOM events since the call was sent, not by Docker's sticky flag: a
+    container that outlived one call's OOM and then dies under the next call is that
+    call's ``sandbox_error`` (it was ``oom``: a failure of ours charged to the sample)."""
+    require_docker()
+    config = DockerConfig(policy="reuse", pool_size=1, memory_mb=256, timeout=10, labels=LABELS)
+    with Sandbox(config, max_workers=1) as sandbox:
+        earlier = sandbox.run_code(CHILD_OOM.replace(".returncode", "\nsys.exit(1)"))
+        assert earlier.outcome is Outcome.OOM
+        [container_id] = pool_containers(sandbox)
+        timer = _kill_later(container_id, 0.5)
+        result = sandbox.run_code("import time\ntime.sleep(3)\nprint('fine')")
+        timer.join()
+        assert result.outcome is Outcome.SANDBOX_ERROR, result
+        assert "failed mid-call" in result.detail
+        assert sandbox.run_code("print('next')").stdout == "next\n"
+
+
+def test_an_earlier_oom_in_a_session_does_not_make_its_loss_oom() -> None:
+    require_docker()
+    config = DockerConfig(policy="fresh", pool_size=1, memory_mb=256, timeout=10, labels=LABELS)
+    with Sandbox(config, max_workers=1) as sandbox, sandbox.session() as session:
+        earlier = session.run_code(CHILD_OOM)
+        assert earlier.outcome is Outcome.SUCCESS
+        assert earlier.cells[0].display == [{"text/plain": "-9"}]
+        [family] = [container.id for container in sandbox.backend._session_containers]  # type: ignore[attr-defined]
+        timer = _kill_later(family, 0.5)
+        result = session.run_code("import time\ntime.sleep(3)\nprint('fine')")
+        timer.join()
+        assert result.outcome is Outcome.SANDBOX_ERROR, result
+        assert "container failed" in result.detail
+
+
 def test_unreachable_daemon_names_the_socket_and_how_to_start_docker() -> None:
     config = DockerConfig(docker_host="unix:///nonexistent/retool-docker.sock", labels=LABELS)
     with pytest.raises(DockerUnavailableError, match=r"nonexistent/retool-docker\.sock") as info:

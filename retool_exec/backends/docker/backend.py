@@ -118,6 +118,7 @@ class DockerBackend(Backend):
         )
         self._client, self._factory, self._pool = client, factory, pool
         try:
+            await factory.watch_oom()
             await pool.start(self.config.start_timeout)
         except PoolUnavailableError as exc:
             await self.close()
@@ -196,6 +197,7 @@ class DockerBackend(Backend):
                 return self._failure(started, f"no sandbox container available: {exc}")
             waited = time.perf_counter() - started
             progress = CallProgress()
+            oom_before = self._factory.oom_count(container.id) if self._factory else None
             try:
                 reply = await self._call(container, request, progress, frame)
             except (TimeoutError, ProtocolError) as exc:
@@ -207,7 +209,7 @@ class DockerBackend(Backend):
                     oom = (
                         isinstance(exc, ProtocolError)
                         and self._factory is not None
-                        and await self._factory.oom_killed(container.id)
+                        and await self._factory.oom_killed(container.id, oom_before)
                     )
                 finally:
                     pool.retire(container)
@@ -272,9 +274,14 @@ class DockerBackend(Backend):
             if self._factory is not None:
                 await self._factory.destroy(container)
 
-    async def container_oom_killed(self, container: SandboxContainer) -> bool:
-        """Whether Docker saw ``container`` killed for memory (after its stream ended)."""
-        return self._factory is not None and await self._factory.oom_killed(container.id)
+    def container_oom_count(self, container: SandboxContainer) -> int | None:
+        """``container``'s OOM events so far, taken when a request is sent to it."""
+        return self._factory.oom_count(container.id) if self._factory is not None else None
+
+    async def container_oom_killed(self, container: SandboxContainer, before: int | None) -> bool:
+        """Whether Docker saw ``container`` killed for memory since ``before`` (after
+        its stream ended)."""
+        return self._factory is not None and await self._factory.oom_killed(container.id, before)
 
     def _run_frame(self, request: RunRequest) -> dict[str, Any]:
         """The call's frame to the agent, but for its id and nonce (``_call`` adds them)."""

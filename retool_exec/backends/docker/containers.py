@@ -30,6 +30,7 @@ from retool_exec.backends.docker.agent import wire
 from retool_exec.backends.docker.bootstrap import agent_frame
 from retool_exec.backends.docker.client import retry_docker
 from retool_exec.backends.docker.hardening import container_spec, with_sandbox_uid
+from retool_exec.backends.docker.oom_events import OomEvents
 from retool_exec.backends.docker.protocol import AgentChannel, ProtocolError
 
 __all__ = [
@@ -213,6 +214,17 @@ class ContainerFactory:
             config, image=image, labels=self.labels, send_agent=send_agent, image_path=image_path
         )
         self._threads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="retool-docker")
+        self.oom_events = OomEvents(client, f"{LABEL_POOL}={self.pool_id}")
+        """The daemon's OOM events for this pool's containers; started by ``watch_oom``."""
+
+    async def watch_oom(self) -> None:
+        """Follow the daemon's OOM events, before the first container is made."""
+        await self._blocking(self.oom_events.start)
+
+    def oom_count(self, container_id: str) -> int | None:
+        """The container's OOM events so far (None when they cannot be followed): taken
+        when a request is sent, so ``oom_killed`` counts only that request's."""
+        return self.oom_events.count(container_id)
 
     async def _blocking(self, func: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._threads, func)
@@ -335,7 +347,12 @@ class ContainerFactory:
     async def destroy(self, container: SandboxContainer) -> None:
         """Kill and remove a container; never raises (see ``destroy_id``)."""
         container.channel.close()
-        await self.destroy_id(container.id, then=lambda: release_sandbox_uid(container.sandbox_uid))
+
+        def then() -> None:
+            release_sandbox_uid(container.sandbox_uid)
+            self.oom_events.forget(container.id)
+
+        await self.destroy_id(container.id, then=then)
 
     async def destroy_id(
         self, container_id: str, *, then: Callable[[], None] | None = None
@@ -366,9 +383,14 @@ class ContainerFactory:
                 then()
 
     async def oom_killed(
-        self, container_id: str, settle: float = 6.0, after_exit: float = 1.0
+        self,
+        container_id: str,
+        before: int | None = None,
+        settle: float = 6.0,
+        after_exit: float = 1.0,
     ) -> bool:
-        """Whether Docker saw the container's init OOM-killed (inspect State.OOMKilled).
+        """Whether Docker saw the container OOM-killed since ``before`` (``oom_count``
+        when the request was sent); without a count, its sticky ``State.OOMKilled``.
 
         The attach stream can end before the daemon has processed the exit; until
         the container is no longer running (at most ``settle`` seconds) the flag
@@ -383,7 +405,11 @@ class ContainerFactory:
             stopped_at: float | None = None
             while True:
                 state = self.client.api.inspect_container(container_id).get("State", {})
-                if state.get("OOMKilled"):
+                now_count = self.oom_events.count(container_id)
+                if before is not None and now_count is not None:
+                    if now_count > before:
+                        return True
+                elif state.get("OOMKilled"):
                     return True
                 now = time.monotonic()
                 if not state.get("Running"):
@@ -413,4 +439,5 @@ class ContainerFactory:
             await self._blocking(sweep)
 
     def shutdown(self) -> None:
+        self.oom_events.close()
         self._threads.shutdown(wait=False, cancel_futures=True)

@@ -54,7 +54,8 @@ class SessionFamily:
         self.sessions: set[int] = set()
         self.lost: str | None = None
         self.oom = False
-        """Whether the family's container was killed for memory (Docker said so)."""
+        """Whether the family's container was killed for memory during the request that
+        lost it (Docker's OOM events since that request was sent)."""
         self._lock = asyncio.Lock()
         self._sids = itertools.count(1)
 
@@ -87,6 +88,7 @@ class SessionFamily:
             container.next_id += 1
             call_id = container.next_id
             container.nonce = secrets.token_hex(16)
+            oom_before = self.backend.container_oom_count(container)
             try:
                 await container.channel.send({**frame, "id": call_id, "nonce": container.nonce})
                 deadline = time.monotonic() + timeout
@@ -106,7 +108,7 @@ class SessionFamily:
                 if self.backend.closing:
                     self.lost = self.lost or "the sandbox was closed"
                 elif self.lost is None:  # else the family was ended on purpose meanwhile
-                    self.oom = await self.backend.container_oom_killed(container)
+                    self.oom = await self.backend.container_oom_killed(container, oom_before)
                     self.lost = (
                         "the session's container ran out of memory and was killed"
                         if self.oom
