@@ -58,10 +58,13 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_DOC = """Run Python code in a fresh, isolated sandbox and return what it printed.
+# The model reads this (TRL turns it into the tool schema): it promises nothing a backend
+# may not give, such as isolation (the local backend has none).
+_DOC = """Run a Python program and return what it printed.
 
-Every call is independent: variables, imports and files from earlier calls
-are gone, so include everything the code needs. Use print() to see values.
+Every call starts from scratch: do not rely on variables, imports or files
+from earlier calls; include everything the code needs. Use print() to see
+values.
 
 Args:
     code: A complete Python program to run.

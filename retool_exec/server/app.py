@@ -14,7 +14,9 @@ Every route is also served under ``settings.prefix`` (``/faas/sandbox/run_code``
 as well as ``/run_code``). HTTP statuses: 200 for every outcome of the code,
 including the sandbox failing (``"status": "SandboxError"``); 400/413/422
 for a request that cannot be served as given (the message says why); 401
-without the token; 504 only when the server is full (clients retry on it).
+without the token; 404 for an unknown path (one that names an endpoint twice,
+``/run_code/run_code``, says so); 504 only when the server is full (clients
+retry on it).
 The session endpoints add 201/204 and their own 403/404/409/410/429/501/503
 (see ``sessions.py``).
 
@@ -26,12 +28,15 @@ one clear sentence instead of a framework error.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException
 
 from retool_exec import __version__
 from retool_exec._models import ExecResult, Outcome
@@ -113,7 +118,8 @@ def create_app(
     app.include_router(router)
     if settings.prefix:
         app.include_router(router, prefix=settings.prefix, include_in_schema=False)
-    _add_error_handlers(app)
+    routes = [route for route in router.routes if isinstance(route, APIRoute)]
+    _add_error_handlers(app, {route.path for route in routes if "{" not in route.path})
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(BrowserGuardMiddleware, check_host=settings.loopback_only)
     if settings.token is not None:
@@ -258,7 +264,22 @@ def _client(request: Request, settings: ServerSettings) -> str:
     return client_key(token=token, peer=request.client.host if request.client else None)
 
 
-def _add_error_handlers(app: FastAPI) -> None:
+def _add_error_handlers(app: FastAPI, endpoints: Collection[str]) -> None:
+    @app.exception_handler(404)
+    async def not_found(request: Request, exc: Exception) -> Response:
+        # Only the router's own 404 (no route): sessions answer theirs as RequestRejected.
+        assert isinstance(exc, HTTPException)
+        hint = _doubled_endpoint(request.url.path, endpoints)
+        if hint is None:
+            return await http_exception_handler(request, exc)
+        base = f"{request.url.scheme}://{request.url.netloc}{hint[1]}"
+        detail = (
+            f"no endpoint at {request.url.path}: it names {hint[0]} twice, so the client "
+            f"was given the endpoint's URL where it wants the server's base URL; give it "
+            f"{base} (it adds {hint[0]} itself)"
+        )
+        return JSONResponse({"detail": detail}, status_code=404)
+
     @app.exception_handler(RequestRejected)
     async def rejected(_request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestRejected)
@@ -276,6 +297,22 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def client_gone(_request: Request, exc: Exception) -> Response:
         # Nobody reads this: the connection is closed. 499 is nginx's "client closed".
         return JSONResponse({"detail": str(exc)}, status_code=499)
+
+
+def _doubled_endpoint(path: str, endpoints: Collection[str]) -> tuple[str, str] | None:
+    """``(endpoint, base path)`` when ``path`` ends in an endpoint named twice, else ``None``.
+
+    ``/faas/sandbox/run_code/run_code`` gives ``("/run_code", "/faas/sandbox")``.
+    Why: some SandboxFusion clients take the endpoint's URL (verl), others the
+    server's base URL and add ``/run_code`` themselves (SkyRL-agent). Given the
+    endpoint's URL, the latter post to ``/run_code/run_code``, and a bare 404 says
+    nothing of why (SkyRL-agent's tool then tells the model ``no stdout here``).
+    """
+    path = path.rstrip("/")
+    for endpoint in sorted(endpoints, key=len, reverse=True):
+        if path.endswith(endpoint + endpoint):
+            return endpoint, path[: -2 * len(endpoint)]
+    return None
 
 
 class _InvalidBody(RequestRejected):

@@ -221,3 +221,34 @@ def test_response_json_is_exactly_sandbox_fusions() -> None:
         "executor_pod_name": None,
         "files": {},
     }
+
+
+def test_an_endpoint_named_twice_gets_a_404_that_says_so() -> None:
+    # SkyRL-agent adds /run_code to its SANDBOX_FUSION_URL: given the endpoint's URL,
+    # it posts to /run_code/run_code and tells the model "no stdout here" on a bare 404.
+    from fastapi.testclient import TestClient
+
+    from retool_exec.server import create_app
+
+    settings = ServerSettings(prefix="/faas/sandbox", token="s3cret")
+    app = create_app(FakeBackend(lambda _request: "ok\n"), settings=settings)
+    auth = {"Authorization": "Bearer s3cret"}
+    with TestClient(app) as client:
+        for path, base in [
+            ("/run_code/run_code", "http://testserver"),
+            ("/faas/sandbox/run_code/run_code", "http://testserver/faas/sandbox"),
+            ("/run_jupyter/run_jupyter/", "http://testserver"),
+            ("/v1/exec/v1/exec", "http://testserver"),
+        ]:
+            # The token is checked first: without it, no hint (and no routing) at all.
+            assert client.post(path, json={"code": "1"}).status_code == 401
+            answer = client.post(path, json={"code": "1"}, headers=auth)
+            assert answer.status_code == 404
+            detail = answer.json()["detail"]
+            assert "twice" in detail
+            assert f"give it {base} (it adds " in detail
+        # Every other 404 is FastAPI's own, unchanged.
+        for path in ["/nope", "/run_code/run_jupyter", "/run_code/x", "/faas/run_code"]:
+            answer = client.post(path, json={"code": "1"}, headers=auth)
+            assert (answer.status_code, answer.json()) == (404, {"detail": "Not Found"})
+        assert client.post("/run_code", json={"code": "1"}, headers=auth).status_code == 200
