@@ -98,11 +98,14 @@ def test_oom_is_reported_as_oom_not_timeout_nor_sandbox_error() -> None:
 
 
 CHILD_OOM = (
-    "import subprocess, sys\n"
-    "subprocess.run([sys.executable, '-c', 'b = bytearray(400 << 20)']).returncode"
+    "import subprocess, sys, time\n"
+    "status = subprocess.run([sys.executable, '-c', 'b = bytearray(400 << 20)']).returncode\n"
+    "time.sleep(0.5)\n"
+    "status"
 )
 """A cell (or call) whose child the OOM killer ends while it goes on: Docker marks the
-container ``OOMKilled`` for the rest of its life."""
+container ``OOMKilled`` for the rest of its life. The pause lets a second kill the
+memory pressure may bring (seen under load) fall within this cell, not the next."""
 
 
 def _kill_later(container_id: str, delay: float) -> threading.Timer:
@@ -125,7 +128,7 @@ def test_an_earlier_oom_in_the_container_does_not_make_a_later_failure_oom() -> 
     require_docker()
     config = DockerConfig(policy="reuse", pool_size=1, memory_mb=256, timeout=10, labels=LABELS)
     with Sandbox(config, max_workers=1) as sandbox:
-        earlier = sandbox.run_code(CHILD_OOM.replace(".returncode", "\nsys.exit(1)"))
+        earlier = sandbox.run_code(CHILD_OOM + "\nsys.exit(1)")
         assert earlier.outcome is Outcome.OOM
         [container_id] = pool_containers(sandbox)
         timer = _kill_later(container_id, 0.5)

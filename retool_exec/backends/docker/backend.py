@@ -200,6 +200,7 @@ class DockerBackend(Backend):
             oom_before = self._factory.oom_count(container.id) if self._factory else None
             try:
                 reply = await self._call(container, request, progress, frame)
+                await self.settle_oom_events(container, reply, oom_before)
             except (TimeoutError, ProtocolError) as exc:
                 # A stream that ended may be gVisor killing the sandbox for memory; a silent
                 # agent (frozen, or wedged) is still running, so there is nothing to ask.
@@ -273,6 +274,19 @@ class DockerBackend(Backend):
             self._session_containers.discard(container)
             if self._factory is not None:
                 await self._factory.destroy(container)
+
+    async def settle_oom_events(
+        self, container: SandboxContainer, reply: dict[str, Any], before: int | None
+    ) -> None:
+        """After a reply whose agent counted OOM kills the host had not seen: wait for
+        Docker's events of them, so the next request's count starts after them (else
+        an earlier cell's late event made the next cell's lost container its ``oom``)."""
+        kills = reply.get("oom_kills")
+        if not isinstance(kills, int) or isinstance(kills, bool) or kills <= container.oom_kills:
+            return
+        new_kills, container.oom_kills = kills - container.oom_kills, kills
+        if before is not None and self._factory is not None:
+            await self._factory.await_oom_events(container.id, before + new_kills)
 
     def container_oom_count(self, container: SandboxContainer) -> int | None:
         """``container``'s OOM events so far, taken when a request is sent to it."""

@@ -53,6 +53,9 @@ LABEL_OWNER = "org.retool_exec.owner"
 LABEL_POOL = "org.retool_exec.pool"
 LABEL_POLICY = "org.retool_exec.policy"
 LABEL_UID = "org.retool_exec.uid"
+OOM_EVENTS_WAIT = 2.0
+"""Seconds a request's end waits for Docker's events of the OOM kills its agent counted
+(milliseconds on a quiet host; later under load, when a session's next cell came first)."""
 """The uid this container's calls run as: no other live container on the host uses it."""
 
 _claimed_uids: set[int] = set()
@@ -184,6 +187,8 @@ class SandboxContainer:
     reset_due: float | None = None
     """While the reset after its last call is not yet confirmed: the ``time.monotonic()``
     by which the confirmation must have come (it is read when the next call takes it)."""
+    oom_kills: int = 0
+    """The container's OOM kills as its agent last counted them (``oom_kills`` of a reply)."""
 
 
 class ContainerFactory:
@@ -220,6 +225,21 @@ class ContainerFactory:
     async def watch_oom(self) -> None:
         """Follow the daemon's OOM events, before the first container is made."""
         await self._blocking(self.oom_events.start)
+
+    async def await_oom_events(
+        self, container_id: str, expected: int, limit: float = OOM_EVENTS_WAIT
+    ) -> None:
+        """Until Docker has sent ``expected`` OOM events for ``container_id`` (at most
+        ``limit`` seconds): called when the agent counted kills the host had not seen, so
+        their events, which come later, are not taken for the next request's. Docker
+        sends one event per kill (measured); were some merged, this waits ``limit``."""
+        give_up = time.monotonic() + limit
+        while time.monotonic() < give_up:
+            count = self.oom_events.count(container_id)
+            if count is None or count >= expected:
+                return
+            await asyncio.sleep(0.01)
+        log.warning("no OOM event came for container %s's OOM kills", container_id[:12])
 
     def oom_count(self, container_id: str) -> int | None:
         """The container's OOM events so far (None when they cannot be followed): taken

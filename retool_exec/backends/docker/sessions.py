@@ -100,6 +100,7 @@ class SessionFamily:
                         str(reply.get("nonce")), container.nonce
                     )
                     if authentic and reply.get("type") == reply_type:
+                        await self.backend.settle_oom_events(container, reply, oom_before)
                         return reply
                     if authentic and reply.get("type") == "error":
                         raise ProtocolError(f"the agent failed: {str(reply.get('reason'))[:300]}")

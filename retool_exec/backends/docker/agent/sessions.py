@@ -62,6 +62,10 @@ table: dict[int, SessionProcess] = {}
 
 def handle(request: dict[str, Any], nonce: object) -> dict[str, Any]:
     """Answer one session frame (never raises for the session's own failures)."""
+    return {**_answer(request, nonce), "oom_kills": sv.oom_kills()}
+
+
+def _answer(request: dict[str, Any], nonce: object) -> dict[str, Any]:
     kind = request.get("type")
     reply: dict[str, Any] = {"id": request.get("id"), "nonce": nonce}
     sid = request.get("sid")

@@ -974,6 +974,7 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
         "returncode": returncode,
         "timed_out": timed_out,
         "oom": bool(oom) and not timed_out,
+        "oom_kills": oom_after,
         "cpu_limit": cpu_limit and not timed_out,
         "stdout": out_tail.text(),
         "stdout_dropped": out_tail.dropped,
@@ -1024,6 +1025,7 @@ def announce_ended(
             "returncode": returncode,
             "timed_out": timed_out,
             "oom": oom and returncode != 0 and not timed_out,
+            "oom_kills": oom_after,
             "cpu_limit": cpu_limit and not timed_out,
         },
     )

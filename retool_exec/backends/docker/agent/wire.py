@@ -164,6 +164,7 @@ class ResultFrame(TypedDict, total=False):
     returncode: int | None
     timed_out: bool
     oom: bool
+    oom_kills: int | None  # the container's OOM kills so far: the host then awaits Docker's events
     stdout: str
     stdout_dropped: int
     stderr: str

@@ -778,7 +778,8 @@ def run_cells(request_sock: socket.socket, count: int) -> int:
             cell = _receive(request_sock, fds_wanted=2)
         except (EOFError, ValueError):
             return 0
-        _one_cell(str(cell.get("code", "")), namespace, index, str(cell.get("token", "")))
+        token = str(cell.get("token", ""))
+        _one_cell(str(cell.get("code", "")), namespace, index, token, print_error=False)
     return _finish(0)
 
 
@@ -910,11 +911,16 @@ class Interrupts:
         _signal.signal(SIGINT_NUMBER, cls.handler)
 
 
-def _one_cell(source: str, namespace: dict[str, Any], index: int, token: str) -> None:
+def _one_cell(
+    source: str, namespace: dict[str, Any], index: int, token: str, print_error: bool = True
+) -> None:
     """Run one cell on the output pipes now on 1 and 2, then point 1 and 2 at /dev/null.
 
     As in IPython, ``SystemExit`` is the cell's error and the interpreter lives
-    on; only the process ending (``os._exit``, a signal) ends it.
+    on; only the process ending (``os._exit``, a signal) ends it. A session's cell
+    also prints its exception to stderr (its result's stderr ends with the traceback,
+    as a call's does); a notebook's cell does not: there, as in Jupyter, the
+    traceback is the cell's error, not its stderr.
     """
     _std_streams()
     display, error = [], []
@@ -928,7 +934,8 @@ def _one_cell(source: str, namespace: dict[str, Any], index: int, token: str) ->
             Interrupts.between_cells()
     except BaseException as exc:
         error.append(_error_record(exc))
-        _print_exception(exc)
+        if print_error:
+            _print_exception(exc)
     _flush()
     # This cell's pipes end here; stray writers (threads, children) hit /dev/null,
     # never a descriptor number reused by something else.
