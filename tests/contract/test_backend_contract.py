@@ -497,6 +497,7 @@ class TestBackendContract:
         assert cells[3].stderr == "stderr message"
         [error] = cells[4].error
         assert (error["ename"], error["evalue"]) == ("RuntimeError", "error message")
+        assert cells[4].stderr == ""  # as in Jupyter: the traceback is the error, not stderr
         assert 'File "<cell 5>", line 1' in "".join(error["traceback"])
         assert cells[5].display == [{"text/plain": "124"}]
         assert cells[6].display == []

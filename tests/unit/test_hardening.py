@@ -15,6 +15,7 @@ from retool_exec.backends.docker.hardening import (
     block_device_paths,
     container_spec,
     host_proc_paths,
+    host_sys_paths,
 )
 
 MIB = 1024 * 1024
@@ -305,6 +306,35 @@ def test_every_top_level_proc_entry_but_processes_and_the_reviewed_ones_is_maske
     masked = spec().host_config_fields["MaskedPaths"]
     assert set(host_proc_paths()) <= set(masked)
     assert len(masked) == len(set(masked))  # a path mounted over once
+
+
+def test_sys_is_masked_but_for_the_cpus_the_memory_nodes_and_the_cgroup(tmp_path: Path) -> None:
+    for directory in (
+        "kernel/irq/24",
+        "devices/system/cpu/cpu0/cache",
+        "devices/system/cpu/cpu0/cpuidle",
+        "devices/system/cpu/cpuidle",
+        "devices/system/node/node0",
+        "devices/system/clocksource",
+        "devices/pci0000:00",
+        "fs/cgroup",
+        "fs/ext4",
+        "brand-new",
+    ):
+        (tmp_path / directory).mkdir(parents=True)
+    found = set(host_sys_paths(str(tmp_path)))
+    assert {
+        "/sys/kernel",
+        "/sys/brand-new",
+        "/sys/devices/pci0000:00",
+        "/sys/devices/system/clocksource",
+        "/sys/devices/system/cpu/cpu0/cpuidle",
+        "/sys/devices/system/cpu/cpuidle",
+        "/sys/fs/ext4",
+    } <= found
+    kept = {"/sys/devices", "/sys/devices/system", "/sys/devices/system/cpu", "/sys/fs/cgroup"}
+    assert not {*kept, "/sys/devices/system/node", "/sys/devices/system/cpu/cpu0/cache"} & found
+    assert set(host_sys_paths()) <= set(spec().host_config_fields["MaskedPaths"])
 
 
 def test_docker_s_masked_paths_are_kept_and_the_host_s_file_counts_are_added() -> None:

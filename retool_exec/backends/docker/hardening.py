@@ -231,6 +231,60 @@ def block_device_paths(sysfs: str = SYSFS) -> tuple[str, ...]:
     return tuple(found)
 
 
+SYS_VISIBLE = {
+    "": ("devices", "fs"),
+    "devices": ("system",),
+    "devices/system": ("cpu", "node"),
+    "fs": ("cgroup",),
+}
+"""Where in ``/sys`` a call may read, level by level: the CPUs (their number, caches and
+topology: glibc, BLAS and numpy read them), the memory nodes (their per-node counts are
+masked: ``NODE_COUNTERS``) and the container's own cgroup. Every other entry of these
+levels is masked (``host_sys_paths``), so what a newer kernel adds is hidden until
+reviewed: ``/sys/kernel/irq`` held each device's interrupt counts (the disk's among
+them), ``/sys/kernel/uevent_seqnum`` the host's device events, and the per-CPU
+``cpuidle`` directories how often each CPU slept (nineteenth red-team round)."""
+CPU_HIDDEN = ("cpuidle", "cpufreq")
+"""Host-wide counts in ``/sys/devices/system/cpu`` and in each CPU's own directory."""
+HOST_SYS_PATHS = (
+    *(f"/sys/{name}" for name in ("block", "bus", "class", "dev", "firmware", "kernel")),
+    *(f"/sys/{name}" for name in ("hypervisor", "module", "power")),
+    "/sys/devices/virtual",
+    "/sys/devices/system/memory",
+    *(f"/sys/devices/system/cpu/{name}" for name in CPU_HIDDEN),
+)
+"""``/sys`` entries masked even when this machine's ``/sys`` cannot be read."""
+
+
+@functools.cache
+def host_sys_paths(sysfs: str = SYSFS) -> tuple[str, ...]:
+    """Every entry of this machine's ``/sys`` outside ``SYS_VISIBLE``, each CPU's
+    ``CPU_HIDDEN`` directories, and ``HOST_SYS_PATHS``: masked (a path the container's
+    kernel lacks is skipped by the runtime)."""
+    found = set(HOST_SYS_PATHS)
+    for parent, kept in SYS_VISIBLE.items():
+        try:
+            names = os.listdir(os.path.join(sysfs, parent))
+        except OSError:
+            continue
+        found.update(
+            f"{SYSFS}/{parent}/{name}".replace("//", "/") for name in names if name not in kept
+        )
+    cpus = os.path.join(sysfs, "devices", "system", "cpu")
+    try:
+        names = os.listdir(cpus)
+    except OSError:
+        names = []
+    for name in names:
+        if name.startswith("cpu") and name[3:].isdigit():
+            found.update(
+                f"{SYSFS}/devices/system/cpu/{name}/{hidden}"
+                for hidden in CPU_HIDDEN
+                if os.path.isdir(os.path.join(cpus, name, hidden))
+            )
+    return tuple(sorted(found))
+
+
 NETWORK_SYSCTLS = {"net.ipv4.tcp_no_metrics_save": "1", "net.ipv4.tcp_fastopen": "0"}
 """Caches of the container's network namespace that outlive every process and that the
 kernel does not list: a closed TCP connection's metrics (keyed by the address, which a
@@ -373,6 +427,7 @@ def container_spec(
                     *HOST_DISK_PATHS,
                     *block_device_paths(),
                     *host_proc_paths(),
+                    *host_sys_paths(),
                 ]
             )
         )

@@ -624,6 +624,53 @@ CASES: tuple[Case, ...] = (
         local=Expect.HOST_DEPENDENT,
     ),
     Case(
+        id="info-host-sys-entries",
+        klass=CaseClass.INFORMATION,
+        title="of /sys, a call reads only the CPUs' and memory nodes' descriptions and its own "
+        "cgroup, whatever the kernel adds",
+        code=code("""
+            allowed = ("/sys/devices/system/cpu/", "/sys/devices/system/node/", "/sys/fs/cgroup/")
+            gvisor = os.path.exists("/proc/sentry-meminfo")  # the Sentry's own, not the host's
+            shown, stack, visited = [], [("/sys", 0)], 0
+            while stack and visited < 20000:
+                directory, depth = stack.pop()
+                visited += 1
+                try:
+                    entries = list(os.scandir(directory))
+                except OSError:
+                    continue
+                for entry in entries:
+                    path = entry.path
+                    inside = path.startswith(allowed) and not {"cpuidle", "cpufreq"} & set(
+                        path.split("/"))
+                    if entry.is_symlink():
+                        continue
+                    if entry.is_dir():
+                        if depth < 6:
+                            stack.append((path, depth + 1))
+                        continue
+                    if inside:
+                        continue
+                    try:
+                        with open(path, "rb") as handle:
+                            if handle.read(64).strip():
+                                shown.append(path)
+                    except OSError:
+                        pass
+            report(shown=sorted(shown)[:8], count=len(shown), gvisor=gvisor)
+        """),
+        contained=lambda obs: obs.facts()["gvisor"] or obs.facts()["count"] == 0,
+        severity=Severity.LOW,
+        reference="retool_exec red-team round of 2026-12-06 (nineteenth): /sys/kernel/irq held "
+        "each device's interrupt counts (the disk's among them), /sys/kernel/uevent_seqnum the "
+        "host's device events and cpuidle how often each CPU slept; sysfs was masked path by "
+        "path",
+        timeout=20.0,
+        note="Masked under runc: every entry outside hardening.SYS_VISIBLE. This list is the "
+        "audit's own. Under gVisor /sys is the Sentry's own, so it passes.",
+        local=Expect.HOST_DEPENDENT,
+    ),
+    Case(
         id="info-host-rename-cookie",
         klass=CaseClass.INFORMATION,
         title="no call reads the host's count of renames (the cookie of inotify's move events)",
