@@ -154,6 +154,15 @@ def test_an_earlier_oom_in_a_session_does_not_make_its_loss_oom() -> None:
         assert "container failed" in result.detail
 
 
+def test_a_memory_limit_too_small_to_start_says_so() -> None:
+    """The preloaded zygote cannot fit in 32 MiB: the error names the setting to raise,
+    not only "the agent's stream ended"."""
+    require_docker()
+    config = DockerConfig(policy="reuse", pool_size=1, memory_mb=32, labels=LABELS)
+    with pytest.raises(BackendUnavailableError, match=r"memory_mb=32 is too small.*raise it"):
+        Sandbox(config).start()
+
+
 def test_unreachable_daemon_names_the_socket_and_how_to_start_docker() -> None:
     config = DockerConfig(docker_host="unix:///nonexistent/retool-docker.sock", labels=LABELS)
     with pytest.raises(DockerUnavailableError, match=r"nonexistent/retool-docker\.sock") as info:

@@ -298,6 +298,17 @@ class ContainerFactory:
                 raise ProtocolError(
                     f"the agent runs calls as {ready.get('sandbox_uid')}, not {uid}"
                 )
+        except ProtocolError as exc:
+            channel.close()
+            starved = await self.oom_killed(container_id, 0, settle=2.0, after_exit=0.5)
+            await self.destroy_id(container_id, then=lambda: release_sandbox_uid(uid))
+            if starved:  # a setting, not a passing failure: say which one
+                raise ProtocolError(
+                    f"the container ran out of memory while starting: memory_mb="
+                    f"{self.config.memory_mb} is too small for this image's preloaded "
+                    f"modules{' under gVisor' if self.config.runtime else ''}; raise it"
+                ) from exc
+            raise
         except BaseException:
             channel.close()
             await self.destroy_id(container_id, then=lambda: release_sandbox_uid(uid))
