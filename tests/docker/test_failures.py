@@ -122,15 +122,20 @@ def _kill_later(container_id: str, delay: float) -> threading.Timer:
 
 
 def test_an_earlier_oom_in_the_container_does_not_make_a_later_failure_oom() -> None:
-    """Judged by the OOM events since the call was sent, not by Docker's sticky flag: a
-    container that outlived one call's OOM and then dies under the next call is that
-    call's ``sandbox_error`` (it was ``oom``: a failure of ours charged to the sample)."""
+    """Docker's ``OOMKilled`` stays set for a container's life: a container that
+    outlived one call's OOM and then died under the next call made that call ``oom``
+    (a failure of ours charged to the sample). A container whose agent counted an OOM
+    kill is not reused, and a call is judged by the OOM events since it was sent."""
     require_docker()
     config = DockerConfig(policy="reuse", pool_size=1, memory_mb=256, timeout=10, labels=LABELS)
     with Sandbox(config, max_workers=1) as sandbox:
+        sandbox.run_code("pass")
+        [first] = pool_containers(sandbox)
         earlier = sandbox.run_code(CHILD_OOM + "\nsys.exit(1)")
         assert earlier.outcome is Outcome.OOM
-        [container_id] = pool_containers(sandbox)
+        assert sandbox.run_code("print('next')").stdout == "next\n"
+        # Not reused after an OOM kill (it may still be on its way out).
+        [container_id] = [other for other in pool_containers(sandbox) if other != first]
         timer = _kill_later(container_id, 0.5)
         result = sandbox.run_code("import time\ntime.sleep(3)\nprint('fine')")
         timer.join()

@@ -200,7 +200,6 @@ class DockerBackend(Backend):
             oom_before = self._factory.oom_count(container.id) if self._factory else None
             try:
                 reply = await self._call(container, request, progress, frame)
-                await self.settle_oom_events(container, reply, oom_before)
             except (TimeoutError, ProtocolError) as exc:
                 # A stream that ended may be gVisor killing the sandbox for memory; a silent
                 # agent (frozen, or wedged) is still running, so there is nothing to ask.
@@ -236,7 +235,10 @@ class DockerBackend(Backend):
             except BaseException:  # cancelled (or its loop went away): the call may still run
                 pool.retire(container)
                 raise
-            if self.config.policy == "reuse":
+            # A container whose agent counted new OOM kills is not reused: their Docker
+            # events may come after the next call was sent and count for it.
+            killed = self.note_oom_kills(container, reply, oom_before)
+            if self.config.policy == "reuse" and not killed:
                 pool.release(container)
             else:
                 pool.retire(container)
@@ -275,18 +277,28 @@ class DockerBackend(Backend):
             if self._factory is not None:
                 await self._factory.destroy(container)
 
-    async def settle_oom_events(
+    def note_oom_kills(
         self, container: SandboxContainer, reply: dict[str, Any], before: int | None
-    ) -> None:
-        """After a reply whose agent counted OOM kills the host had not seen: wait for
-        Docker's events of them, so the next request's count starts after them (else
-        an earlier cell's late event made the next cell's lost container its ``oom``)."""
+    ) -> bool:
+        """Whether the reply's agent counted OOM kills the host had not seen. Their Docker
+        events can come after the next request was sent and count for it (an earlier
+        cell's late event made the next cell's lost container its ``oom``), so the
+        count they bring Docker's to is noted for ``await_oom_events_due``."""
         kills = reply.get("oom_kills")
         if not isinstance(kills, int) or isinstance(kills, bool) or kills <= container.oom_kills:
-            return
+            return False
         new_kills, container.oom_kills = kills - container.oom_kills, kills
-        if before is not None and self._factory is not None:
-            await self._factory.await_oom_events(container.id, before + new_kills)
+        if before is not None:
+            container.oom_events_due = before + new_kills
+        return True
+
+    async def await_oom_events_due(self, container: SandboxContainer) -> None:
+        """Before a request is sent: the Docker events of kills counted earlier (at most
+        ``containers.OOM_EVENTS_WAIT``; off the earlier request's result path, so its
+        result is never late for it)."""
+        due, container.oom_events_due = container.oom_events_due, None
+        if due is not None and self._factory is not None:
+            await self._factory.await_oom_events(container.id, due)
 
     def container_oom_count(self, container: SandboxContainer) -> int | None:
         """``container``'s OOM events so far, taken when a request is sent to it."""

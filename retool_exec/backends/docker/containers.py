@@ -189,6 +189,8 @@ class SandboxContainer:
     by which the confirmation must have come (it is read when the next call takes it)."""
     oom_kills: int = 0
     """The container's OOM kills as its agent last counted them (``oom_kills`` of a reply)."""
+    oom_events_due: int | None = None
+    """Docker's OOM event count those kills bring it to, awaited before the next request."""
 
 
 class ContainerFactory:

@@ -88,6 +88,7 @@ class SessionFamily:
             container.next_id += 1
             call_id = container.next_id
             container.nonce = secrets.token_hex(16)
+            await self.backend.await_oom_events_due(container)
             oom_before = self.backend.container_oom_count(container)
             try:
                 await container.channel.send({**frame, "id": call_id, "nonce": container.nonce})
@@ -100,7 +101,7 @@ class SessionFamily:
                         str(reply.get("nonce")), container.nonce
                     )
                     if authentic and reply.get("type") == reply_type:
-                        await self.backend.settle_oom_events(container, reply, oom_before)
+                        self.backend.note_oom_kills(container, reply, oom_before)
                         return reply
                     if authentic and reply.get("type") == "error":
                         raise ProtocolError(f"the agent failed: {str(reply.get('reason'))[:300]}")
