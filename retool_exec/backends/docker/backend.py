@@ -209,7 +209,9 @@ class DockerBackend(Backend):
                     oom = (
                         isinstance(exc, ProtocolError)
                         and self._factory is not None
-                        and await self._factory.oom_killed(container.id, oom_before)
+                        and await self._factory.oom_killed(
+                            container.id, oom_before, known=container.oom_kills > 0
+                        )
                     )
                 finally:
                     pool.retire(container)
@@ -283,19 +285,21 @@ class DockerBackend(Backend):
         """Whether the reply's agent counted OOM kills the host had not seen. Their Docker
         events can come after the next request was sent and count for it (an earlier
         cell's late event made the next cell's lost container its ``oom``), so the
-        count they bring Docker's to is noted for ``await_oom_events_due``."""
+        request's starting count is noted for ``await_oom_events_due``."""
         kills = reply.get("oom_kills")
         if not isinstance(kills, int) or isinstance(kills, bool) or kills <= container.oom_kills:
             return False
-        new_kills, container.oom_kills = kills - container.oom_kills, kills
+        container.oom_kills = kills
         if before is not None:
-            container.oom_events_due = before + new_kills
+            container.oom_events_due = before
         return True
 
     async def await_oom_events_due(self, container: SandboxContainer) -> None:
-        """Before a request is sent: the Docker events of kills counted earlier (at most
-        ``containers.OOM_EVENTS_WAIT``; off the earlier request's result path, so its
-        result is never late for it)."""
+        """Before a session's request is sent: the Docker events of kills counted earlier
+        (at most ``containers.OOM_EVENTS_WAIT``, off the earlier request's result path).
+        The request's deadline starts after it: taken from its time, a cell that ran to
+        its own limit would read as the container lost; so its result can come up to
+        that much later than its limit + grace, once, after a cell's OOM kills."""
         due, container.oom_events_due = container.oom_events_due, None
         if due is not None and self._factory is not None:
             await self._factory.await_oom_events(container.id, due)
@@ -307,7 +311,9 @@ class DockerBackend(Backend):
     async def container_oom_killed(self, container: SandboxContainer, before: int | None) -> bool:
         """Whether Docker saw ``container`` killed for memory since ``before`` (after
         its stream ended)."""
-        return self._factory is not None and await self._factory.oom_killed(container.id, before)
+        return self._factory is not None and await self._factory.oom_killed(
+            container.id, before, known=container.oom_kills > 0
+        )
 
     def _run_frame(self, request: RunRequest) -> dict[str, Any]:
         """The call's frame to the agent, but for its id and nonce (``_call`` adds them)."""

@@ -25,7 +25,7 @@ import docker
 import docker.errors
 
 from retool_exec._errors import ImageError
-from retool_exec.backends.config import DockerConfig
+from retool_exec.backends.config import DockerConfig, is_gvisor
 from retool_exec.backends.docker.agent import wire
 from retool_exec.backends.docker.bootstrap import agent_frame
 from retool_exec.backends.docker.client import retry_docker
@@ -53,10 +53,14 @@ LABEL_OWNER = "org.retool_exec.owner"
 LABEL_POOL = "org.retool_exec.pool"
 LABEL_POLICY = "org.retool_exec.policy"
 LABEL_UID = "org.retool_exec.uid"
-OOM_EVENTS_WAIT = 2.0
-"""Seconds a request's end waits for Docker's events of the OOM kills its agent counted
-(milliseconds on a quiet host; later under load, when a session's next cell came first)."""
 """The uid this container's calls run as: no other live container on the host uses it."""
+OOM_EVENTS_WAIT = 1.0
+"""Seconds a session's next request may wait for Docker's events of the OOM kills its
+agent counted (a few milliseconds; a burst of kills takes up to ~0.5 s under load)."""
+OOM_EVENTS_QUIET = 0.15
+"""Seconds without a new OOM event after which a burst of them is taken as over: Docker
+sends no fixed number of events per kill (one per notification: 4 kills at once gave 27
+events under cgroup v1; under cgroup v2 close kills share one)."""
 
 _claimed_uids: set[int] = set()
 _claimed_lock = threading.Lock()
@@ -225,23 +229,30 @@ class ContainerFactory:
         """The daemon's OOM events for this pool's containers; started by ``watch_oom``."""
 
     async def watch_oom(self) -> None:
-        """Follow the daemon's OOM events, before the first container is made."""
-        await self._blocking(self.oom_events.start)
+        """Follow the daemon's OOM events, before the first container is made (a daemon
+        that never answers leaves them not followed: Docker's flag judges instead)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(
+                asyncio.shield(self._blocking(self.oom_events.start)), self.config.start_timeout
+            )
 
-    async def await_oom_events(
-        self, container_id: str, expected: int, limit: float = OOM_EVENTS_WAIT
-    ) -> None:
-        """Until Docker has sent ``expected`` OOM events for ``container_id`` (at most
-        ``limit`` seconds): called when the agent counted kills the host had not seen, so
-        their events, which come later, are not taken for the next request's. Docker
-        sends one event per kill (measured); were some merged, this waits ``limit``."""
-        give_up = time.monotonic() + limit
+    async def await_oom_events(self, container_id: str, before: int) -> None:
+        """Until Docker's OOM events for ``container_id`` have passed ``before`` and then
+        paused for ``OOM_EVENTS_QUIET`` (at most ``OOM_EVENTS_WAIT``): called before a
+        session's next request when its agent counted kills, so their events, which come
+        later and in no fixed number, are not taken for that request's."""
+        give_up = time.monotonic() + OOM_EVENTS_WAIT
+        last, quiet_since = before, time.monotonic()
         while time.monotonic() < give_up:
             count = self.oom_events.count(container_id)
-            if count is None or count >= expected:
+            if count is None:
+                return
+            if count != last:
+                last, quiet_since = count, time.monotonic()
+            elif count > before and time.monotonic() - quiet_since >= OOM_EVENTS_QUIET:
                 return
             await asyncio.sleep(0.01)
-        log.warning("no OOM event came for container %s's OOM kills", container_id[:12])
+        log.warning("the OOM events of container %s did not settle", container_id[:12])
 
     def oom_count(self, container_id: str) -> int | None:
         """The container's OOM events so far (None when they cannot be followed): taken
@@ -305,10 +316,11 @@ class ContainerFactory:
             starved = await self.oom_killed(container_id, 0, settle=2.0, after_exit=0.5)
             await self.destroy_id(container_id, then=lambda: release_sandbox_uid(uid))
             if starved:  # a setting, not a passing failure: say which one
+                under = " under gVisor" if is_gvisor(self.config.runtime) else ""
                 raise ProtocolError(
                     f"the container ran out of memory while starting: memory_mb="
                     f"{self.config.memory_mb} is too small for this image's preloaded "
-                    f"modules{' under gVisor' if self.config.runtime else ''}; raise it"
+                    f"modules{under}; raise it"
                 ) from exc
             raise
         except BaseException:
@@ -421,9 +433,12 @@ class ContainerFactory:
         before: int | None = None,
         settle: float = 6.0,
         after_exit: float = 1.0,
+        *,
+        known: bool = False,
     ) -> bool:
         """Whether Docker saw the container OOM-killed since ``before`` (``oom_count``
-        when the request was sent); without a count, its sticky ``State.OOMKilled``.
+        when the request was sent); Docker's sticky ``State.OOMKilled`` counts too unless
+        a kill is ``known`` to have come before the request (then only the events tell).
 
         The attach stream can end before the daemon has processed the exit; until
         the container is no longer running (at most ``settle`` seconds) the flag
@@ -439,11 +454,10 @@ class ContainerFactory:
             while True:
                 state = self.client.api.inspect_container(container_id).get("State", {})
                 now_count = self.oom_events.count(container_id)
-                if before is not None and now_count is not None:
-                    if now_count > before:
-                        return True
-                elif state.get("OOMKilled"):
+                if before is not None and now_count is not None and now_count > before:
                     return True
+                if state.get("OOMKilled") and (before is None or now_count is None or not known):
+                    return True  # the flag is exact where no kill came before this request
                 now = time.monotonic()
                 if not state.get("Running"):
                     stopped_at = now if stopped_at is None else stopped_at
