@@ -333,6 +333,7 @@ def test_sys_is_masked_but_for_the_cpus_the_memory_nodes_and_the_cgroup(tmp_path
         "/sys/fs/ext4",
     } <= found
     kept = {"/sys/devices", "/sys/devices/system", "/sys/devices/system/cpu", "/sys/fs/cgroup"}
+    assert "/sys/class/net" not in found
     assert not {*kept, "/sys/devices/system/node", "/sys/devices/system/cpu/cpu0/cache"} & found
     assert set(host_sys_paths()) <= set(spec().host_config_fields["MaskedPaths"])
 

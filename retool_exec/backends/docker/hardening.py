@@ -232,24 +232,27 @@ def block_device_paths(sysfs: str = SYSFS) -> tuple[str, ...]:
 
 
 SYS_VISIBLE = {
-    "": ("devices", "fs"),
-    "devices": ("system",),
+    "": ("class", "devices", "fs"),
+    "class": ("net",),
+    "devices": ("system", "virtual"),
+    "devices/virtual": ("net",),
     "devices/system": ("cpu", "node"),
     "fs": ("cgroup",),
 }
 """Where in ``/sys`` a call may read, level by level: the CPUs (their number, caches and
 topology: glibc, BLAS and numpy read them), the memory nodes (their per-node counts are
-masked: ``NODE_COUNTERS``) and the container's own cgroup. Every other entry of these
-levels is masked (``host_sys_paths``), so what a newer kernel adds is hidden until
+masked: ``NODE_COUNTERS``), the container's own cgroup and its own network namespace's
+interfaces (``class/net`` links into ``devices/virtual/net``: only ``lo``). Every other
+entry of these levels is masked (``host_sys_paths``), so what a newer kernel adds is hidden until
 reviewed: ``/sys/kernel/irq`` held each device's interrupt counts (the disk's among
 them), ``/sys/kernel/uevent_seqnum`` the host's device events, and the per-CPU
 ``cpuidle`` directories how often each CPU slept (nineteenth red-team round)."""
 CPU_HIDDEN = ("cpuidle", "cpufreq")
 """Host-wide counts in ``/sys/devices/system/cpu`` and in each CPU's own directory."""
 HOST_SYS_PATHS = (
-    *(f"/sys/{name}" for name in ("block", "bus", "class", "dev", "firmware", "kernel")),
+    *(f"/sys/{name}" for name in ("block", "bus", "dev", "firmware", "kernel")),
     *(f"/sys/{name}" for name in ("hypervisor", "module", "power")),
-    "/sys/devices/virtual",
+    "/sys/devices/virtual/block",
     "/sys/devices/system/memory",
     *(f"/sys/devices/system/cpu/{name}" for name in CPU_HIDDEN),
 )

@@ -629,7 +629,8 @@ CASES: tuple[Case, ...] = (
         title="of /sys, a call reads only the CPUs' and memory nodes' descriptions and its own "
         "cgroup, whatever the kernel adds",
         code=code("""
-            allowed = ("/sys/devices/system/cpu/", "/sys/devices/system/node/", "/sys/fs/cgroup/")
+            allowed = ("/sys/devices/system/cpu/", "/sys/devices/system/node/", "/sys/fs/cgroup/",
+                       "/sys/class/net/", "/sys/devices/virtual/net/")  # the container's own
             gvisor = os.path.exists("/proc/sentry-meminfo")  # the Sentry's own, not the host's
             shown, stack, visited = [], [("/sys", 0)], 0
             while stack and visited < 20000:
