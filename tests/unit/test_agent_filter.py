@@ -72,6 +72,8 @@ def expected(
         return NO_OPTION if cookie else ALLOW
     if nr == agent.FADVISE_SYSCALLS[machine]:
         return REFUSE if arg3 & low == agent.POSIX_FADV_DONTNEED else ALLOW
+    if nr == agent.PTRACE_SYSCALLS[machine]:
+        return REFUSE if arg0 & low == agent.PTRACE_TRACEME else ALLOW
     clone, clone3 = agent.CLONE_SYSCALLS[machine]
     if nr in agent.DENIED_SYSCALLS[machine] or nr == clone3:
         return DENY
@@ -173,6 +175,25 @@ def test_no_namespace_and_no_other_process_s_priority_or_cpus(machine: str) -> N
     assert len(agent.OWN_PROCESS_SYSCALLS[machine]) == 6
 
 
+PTRACE_NUMBERS = {"x86_64": 101, "aarch64": 117}
+"""ptrace by number (from the kernel's syscall tables, not the agent's)."""
+
+
+@pytest.mark.parametrize("machine", sorted(agent.AUDIT_ARCH))
+def test_a_call_may_not_make_its_parent_its_tracer(machine: str) -> None:
+    """PTRACE_TRACEME made the supervisor the tracer of a call's process, and its stops
+    read as its exit (finding 54); tracing its own processes by attaching stays."""
+    program, arch = agent.syscall_filter(machine), agent.AUDIT_ARCH[machine]
+    zygote = agent.syscall_filter(machine, zygote=True)
+    nr = PTRACE_NUMBERS[machine]
+    assert agent.PTRACE_SYSCALLS[machine] == nr
+    for held in (program, zygote):
+        assert run_bpf(held, arch=arch, nr=nr, arg0=0) == REFUSE  # PTRACE_TRACEME
+        for request in (16, 0x4206, 7, 17):  # ATTACH, SEIZE, CONT, DETACH
+            assert run_bpf(held, arch=arch, nr=nr, arg0=request, arg1=5) == ALLOW
+    assert run_bpf(program, arch=arch, nr=READ[machine], arg0=0) == ALLOW
+
+
 @pytest.mark.parametrize("machine", sorted(agent.AUDIT_ARCH))
 def test_the_sync_family_succeeds_and_does_nothing(machine: str) -> None:
     """Each sync() moved the host's disk counts exactly, and an fsync of a clean file on
@@ -232,6 +253,7 @@ def test_every_listed_call_is_judged_by_its_own_rule(machine: str, data: st.Data
         *(number for number, _ in agent.OWN_PROCESS_SYSCALLS[machine]),
         agent.SOCKET_OPTION_SYSCALLS[machine],
         agent.FADVISE_SYSCALLS[machine],
+        agent.PTRACE_SYSCALLS[machine],
         *agent.HOST_SYNC_SYSCALLS[machine],
     ]
     nr = data.draw(st.sampled_from(listed))

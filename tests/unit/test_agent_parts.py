@@ -338,3 +338,42 @@ def test_the_supervisor_reaps_its_children_and_the_zygote_learns_nothing() -> No
         [sys.executable, "-c", script], check=False, capture_output=True, text=True
     )
     assert done.returncode == 0 and done.stdout == "reaped\n", done
+
+
+def test_a_tracing_stop_reaches_the_supervisor_s_wait_as_no_end() -> None:
+    """A child that made its parent its tracer and signalled itself stops; the tracer's
+    wait reports the stop unasked, and it read as the child's exit with the signal's
+    number (finding 54). In a fresh interpreter: the stop is no end; the kill that
+    follows is the one recorded."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import ctypes, os, signal, time
+        from retool_exec.backends.docker.agent import supervisor
+        child = os.fork()
+        if child == 0:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.ptrace(0, 0, None, None) != 0:  # PTRACE_TRACEME
+                os._exit(70)
+            os.kill(os.getpid(), signal.SIGUSR1)
+            os._exit(3)
+        supervisor.watch(child)
+        give_up = time.monotonic() + 10
+        while open(f"/proc/{child}/stat").read().rsplit(")", 1)[1].split()[0] != "t":
+            assert time.monotonic() < give_up, "the child never reached a tracing stop"
+            time.sleep(0.01)
+        supervisor.reap_children()
+        assert supervisor.exits == {}, supervisor.exits
+        assert supervisor.reap(child) is None
+        os.kill(child, signal.SIGKILL)
+        os.waitid(os.P_PID, child, os.WEXITED | os.WNOWAIT)
+        supervisor.reap_children()
+        assert supervisor.exits == {child: signal.SIGKILL}, supervisor.exits
+        print("ended")
+    """)
+    done = subprocess.run(
+        [sys.executable, "-c", script], check=False, capture_output=True, text=True
+    )
+    assert done.returncode == 0 and done.stdout == "ended\n", done

@@ -536,6 +536,38 @@ CASES: tuple[Case, ...] = (
         "CPU time a SIGXCPU death used itself (its zombie's /proc/PID/stat).",
     ),
     Case(
+        id="proto-traced-stop-read-as-exit",
+        klass=CaseClass.PROTOCOL,
+        title="a call that makes its parent its tracer and stops is not reported as exited",
+        code=code("""
+            import signal
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.ptrace.restype = ctypes.c_long
+            libc.ptrace.argtypes = [ctypes.c_long] * 2 + [ctypes.c_void_p] * 2
+            signal.signal(signal.SIGUSR1, lambda *_: None)
+            traced = libc.ptrace(0, 0, None, None) == 0  # PTRACE_TRACEME
+            failed = 0 if traced else ctypes.get_errno()
+            os.kill(os.getpid(), signal.SIGUSR1)  # traced: a stop its tracer must resume
+            report(traced=traced, errno=failed, reached="the end")
+            sys.exit(3)
+        """),
+        contained=lambda obs: (
+            obs.result.outcome is Outcome.ERROR
+            and obs.result.returncode == 3
+            and '"reached": "the end"' in obs.result.stdout
+        ),
+        severity=Severity.LOW,
+        reference="retool_exec red-team round of 2026-12-05 (nineteenth): under runc the "
+        "call read as exited with the signal's number (SIGUSR1: 10) while it lived on in a "
+        "tracing stop of the supervisor, its parent",
+        local=Expect.NOT_APPLICABLE,
+        local_reason="the tracer would be the host process that runs the sandbox, which "
+        "never resumes the stopped process",
+        note="The calls' filter refuses ptrace(PTRACE_TRACEME) with EPERM "
+        "(identity.PTRACE_SYSCALLS), and the supervisor's wait takes only real ends "
+        "(supervisor.REAL_ENDS). gVisor refused the request already.",
+    ),
+    Case(
         id="proto-child-of-the-agent",
         klass=CaseClass.PROTOCOL,
         title="a call cannot make a process whose parent is the agent (clone's CLONE_PARENT)",

@@ -373,6 +373,18 @@ the supervisor and the zygotes and moved them to other CPUs, values the next cal
 back and inherited (seventh red-team round); runc refused, as the agents are other uids.
 A thread's affinity set by its tid is refused too (``os.sched_setaffinity(0, ...)``
 works)."""
+PTRACE_SYSCALLS = {"x86_64": 101, "aarch64": 117}
+"""ptrace, whose request (its first argument) may not be ``PTRACE_TRACEME`` (EPERM).
+
+Why: ``PTRACE_TRACEME`` makes the caller's parent its tracer, and a call's process (a
+session's too) is the supervisor's child. Its stops then reached the supervisor's wait
+as if the process had ended: a call that traced itself and sent itself a signal read
+as exited with that signal's number, while it lived on in a tracing stop (nineteenth
+red-team round, finding 54). A call may still trace its own processes with
+``PTRACE_ATTACH`` or ``PTRACE_SEIZE``: the tracer is then the call's own process.
+gVisor refused the request already. The request is read from its low 32 bits: one whose
+low half is 0 and high half is not is no request the kernel knows either."""
+PTRACE_TRACEME = 0
 X32_SYSCALL_BIT = 0x40000000
 SECCOMP_RET_ALLOW = 0x7FFF0000
 SECCOMP_RET_ERRNO = 0x00050000
@@ -421,6 +433,7 @@ def syscall_filter(machine: str, *, ip: bool = True, zygote: bool = False) -> by
         ("", _BPF_JEQ_K, "clone", 0, clone),
         ("", _BPF_JEQ_K, "option", 0, SOCKET_OPTION_SYSCALLS[machine]),
         ("", _BPF_JEQ_K, "advice", 0, FADVISE_SYSCALLS[machine]),
+        ("", _BPF_JEQ_K, "ptrace", 0, PTRACE_SYSCALLS[machine]),
         *(("", _BPF_JEQ_K, "family", 0, number) for number in SOCKET_SYSCALLS[machine]),
         *(
             ("", _BPF_JEQ_K, f"self{argument}", 0, number)
@@ -440,6 +453,8 @@ def syscall_filter(machine: str, *, ip: bool = True, zygote: bool = False) -> by
         ("", _BPF_JEQ_K, "no_option", "allow", SO_COOKIE),
         ("advice", _BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_ARG0 + 24),
         ("", _BPF_JEQ_K, "refuse", "allow", POSIX_FADV_DONTNEED),
+        ("ptrace", _BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_ARG0),  # request
+        ("", _BPF_JEQ_K, "refuse", "allow", PTRACE_TRACEME),
         ("self0", _BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_ARG0),
         ("", _BPF_JEQ_K, "allow", "refuse", 0),
         ("self1", _BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_ARG0 + 8),

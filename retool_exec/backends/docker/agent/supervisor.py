@@ -379,6 +379,13 @@ def reap_children() -> None:
         pass
 
 
+REAL_ENDS = (os.CLD_EXITED, os.CLD_KILLED, os.CLD_DUMPED)
+"""How a wait may report a process that ended. A tracer's wait reports its tracee's stops
+too (``CLD_TRAPPED``) without being asked, and a stop's status read as an exit with the
+stop signal's number (finding 54); the calls' filter refuses ``PTRACE_TRACEME``, which
+made the supervisor a tracer, and the wait takes only these."""
+
+
 def reap(pid: int) -> tuple[int, int, float] | None:
     """Reap child ``pid`` (-1: any) if it ended: its pid, wait status and, if SIGXCPU
     ended it, the CPU seconds it used itself; None if none ended yet.
@@ -389,9 +396,16 @@ def reap(pid: int) -> tuple[int, int, float] | None:
     zombie's ``/proc/PID/stat`` still holds the process's own times until it is reaped.
     """
     which = os.P_ALL if pid == -1 else os.P_PID
-    ended = os.waitid(which, max(pid, 0), os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    if ended is None:
-        return None
+    while True:
+        ended = os.waitid(which, max(pid, 0), os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        if ended is None:
+            return None
+        if ended.si_code in REAL_ENDS:
+            break
+        # A stop reported to a tracer: taken (only stops: an end that came since stays
+        # for the next wait), never an end.
+        if os.waitid(os.P_PID, ended.si_pid, os.WSTOPPED | os.WNOHANG) is None:
+            return None
     cpu = 0.0
     killed = ended.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
     if killed and ended.si_status == signal.SIGXCPU and ended.si_pid in watched:
