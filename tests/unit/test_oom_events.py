@@ -61,6 +61,8 @@ def test_counts_per_container_across_a_reconnection_without_counting_twice() -> 
     daemon = Daemon([first, again])
     events = OomEvents(daemon, "pool=p")  # type: ignore[arg-type]
     assert events.count("a") is None  # not following yet: callers use Docker's flag
+    for container_id in ("a", "b"):
+        events.track(container_id)
     events.start()
     wait_for(lambda: events.count("a") == 2)
     assert (events.count("b"), events.count("c")) == (1, 0)
@@ -70,6 +72,35 @@ def test_counts_per_container_across_a_reconnection_without_counting_twice() -> 
     events.close()
     assert again.closed.is_set()
     assert events.count("b") is None
+
+
+def test_only_tracked_containers_are_counted_and_a_forgotten_one_stays_forgotten() -> None:
+    """What is kept is bounded by the live containers: a removed container's late event
+    (or one of a container this pool never tracked) is dropped, not kept forever."""
+    at = (int(time.time()) + 5) * 10**9
+    late = threading.Event()
+    later = [oom("a", at + 2), oom("b", at + 3)]
+
+    class Later(Stream):
+        def __iter__(self) -> Iterator[dict[str, Any]]:
+            yield from self.events
+            late.wait(10)
+            yield from later
+            self.closed.wait(10)
+
+    daemon = Daemon([Later([oom("a", at), oom("stranger", at + 1)], then_block=True)])
+    events = OomEvents(daemon, "pool=p")  # type: ignore[arg-type]
+    events.track("a")
+    events.track("b")
+    events.start()
+    wait_for(lambda: events.count("a") == 1)
+    assert events.count("stranger") == 0
+    events.forget("a")
+    late.set()
+    wait_for(lambda: events.count("b") == 1)
+    assert events.count("a") == 0
+    assert set(events._counts) == {"b"} and set(events._last) == {"b"}
+    events.close()
 
 
 def test_a_daemon_that_refuses_leaves_it_not_following() -> None:

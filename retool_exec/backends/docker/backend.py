@@ -197,7 +197,7 @@ class DockerBackend(Backend):
                 return self._failure(started, f"no sandbox container available: {exc}")
             waited = time.perf_counter() - started
             progress = CallProgress()
-            oom_before = self._factory.oom_count(container.id) if self._factory else None
+            oom_before = self.container_oom_count(container)
             try:
                 reply = await self._call(container, request, progress, frame)
             except (TimeoutError, ProtocolError) as exc:

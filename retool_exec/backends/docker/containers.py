@@ -314,7 +314,7 @@ class ContainerFactory:
         except ProtocolError as exc:
             channel.close()
             starved = await self.oom_killed(container_id, 0, settle=2.0, after_exit=0.5)
-            await self.destroy_id(container_id, then=lambda: release_sandbox_uid(uid))
+            await self.destroy_id(container_id, then=lambda: self._removed(container_id, uid))
             if starved:  # a setting, not a passing failure: say which one
                 under = " under gVisor" if is_gvisor(self.config.runtime) else ""
                 raise ProtocolError(
@@ -325,9 +325,15 @@ class ContainerFactory:
             raise
         except BaseException:
             channel.close()
-            await self.destroy_id(container_id, then=lambda: release_sandbox_uid(uid))
+            await self.destroy_id(container_id, then=lambda: self._removed(container_id, uid))
             raise
         return SandboxContainer(id=container_id, channel=channel, ready=ready, sandbox_uid=uid)
+
+    def _removed(self, container_id: str, uid: int | None) -> None:
+        """What a removed container held: its OOM count, then its uid (released after the
+        removal: until then the container's label holds it)."""
+        self.oom_events.forget(container_id)
+        release_sandbox_uid(uid)
 
     def _undo_create(self, made: tuple[str, socket.socket], uid: int) -> None:
         container_id, raw_socket = made
@@ -335,7 +341,7 @@ class ContainerFactory:
         try:
             remove_container(self.client, container_id)
         finally:
-            release_sandbox_uid(uid)  # after: until then the container's label holds it
+            self._removed(container_id, uid)
 
     def _create_sync(self, name: str, uid: int) -> tuple[str, socket.socket]:
         api = self.client.api
@@ -353,6 +359,7 @@ class ContainerFactory:
                 raise
 
         container_id = retry_docker(create)
+        self.oom_events.track(container_id)
         duplicate = None
         try:
             attached = api.attach_socket(
@@ -386,6 +393,7 @@ class ContainerFactory:
                 duplicate.close()
             with contextlib.suppress(Exception):
                 api.remove_container(container_id, force=True, v=True)
+            self.oom_events.forget(container_id)
             raise
         return container_id, duplicate
 
@@ -393,11 +401,9 @@ class ContainerFactory:
         """Kill and remove a container; never raises (see ``destroy_id``)."""
         container.channel.close()
 
-        def then() -> None:
-            release_sandbox_uid(container.sandbox_uid)
-            self.oom_events.forget(container.id)
-
-        await self.destroy_id(container.id, then=then)
+        await self.destroy_id(
+            container.id, then=lambda: self._removed(container.id, container.sandbox_uid)
+        )
 
     async def destroy_id(
         self, container_id: str, *, then: Callable[[], None] | None = None

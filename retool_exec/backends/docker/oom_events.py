@@ -8,7 +8,9 @@ call's own ``oom``: an infrastructure failure charged to an unrelated sample, an
 whose code never ran not retried (nineteenth red-team round, finding 53). Counting the
 daemon's ``oom`` events per container lets a request be judged by the events that came
 after it was sent. The subscription is made before any container exists, so no event
-is missed; a dropped stream is followed again from the last event's time.
+is missed; a dropped stream is followed again from the last event's time. Only the
+containers between ``track`` and ``forget`` are counted, so what is kept stays bounded by
+the live containers (a late event of a removed one is dropped).
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ class OomEvents:
         self._client = client
         self._label = label
         self._counts: Counter[str] = Counter()
-        self._seen: set[tuple[str, int]] = set()
+        self._last: dict[str, int] = {}
+        """Per tracked container: the time (ns) of its last event counted; a replay after
+        a reconnection comes in order, so what is not later was counted already."""
         self._lock = threading.Lock()
         self._stream: Any = None
         self._since: int | None = None
@@ -62,11 +66,17 @@ class OomEvents:
         with self._lock:
             return self._counts[container_id] if self._live else None
 
+    def track(self, container_id: str) -> None:
+        """Count ``container_id``'s events from now: called once it is created, before
+        it starts."""
+        with self._lock:
+            self._last.setdefault(container_id, -1)
+
     def forget(self, container_id: str) -> None:
         """A removed container's count (its id is never used again)."""
         with self._lock:
             self._counts.pop(container_id, None)
-            self._seen = {seen for seen in self._seen if seen[0] != container_id}
+            self._last.pop(container_id, None)
 
     def close(self) -> None:
         self._closed = True
@@ -115,8 +125,9 @@ class OomEvents:
         if not container_id or event.get("Action", event.get("status")) != "oom":
             return
         with self._lock:
-            if (container_id, at) in self._seen:  # given again after a reconnection
+            last = self._last.get(container_id)
+            if last is None or at <= last:  # not tracked, or given again after a reconnection
                 return
-            self._seen.add((container_id, at))
+            self._last[container_id] = at
             self._counts[container_id] += 1
             self._since = max(self._since or 0, at // 1_000_000_000)
