@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,6 @@ from retool_exec.backends.docker.hardening import (
     DOCKER_MASKED_PATHS,
     HOST_PROC_PATHS,
     PROC_VISIBLE,
-    block_device_paths,
     container_spec,
     host_proc_paths,
     host_sys_paths,
@@ -255,35 +255,28 @@ def test_the_host_s_disk_counts_are_masked_generic_places_and_each_disk(
     tmp_path: Path,
 ) -> None:
     """``sync()`` moved the disk's counts exactly, in any container (eighteenth round):
-    the generic places and each disk's own directory are masked, partitions and virtual
-    devices through their parents."""
+    the generic places are masked, and each disk's own directory, wherever its bus puts
+    it, through the ``/sys/devices`` entry it is under; this machine's disks too."""
     devices = tmp_path / "devices"
     disk = devices / "pci0000:00" / "virtio1" / "block" / "vda"
     nvme = devices / "pci0000:00" / "nvme" / "nvme0" / "nvme0n1"
-    for partition in (disk / "vda1", nvme / "nvme0n1p1"):
-        partition.mkdir(parents=True)
-        (partition / "partition").write_text("1\n")
-    (devices / "virtual" / "block" / "loop0").mkdir(parents=True)
-    classes = tmp_path / "class" / "block"
-    classes.mkdir(parents=True)
-    for link, target in (
-        ("vda", disk),
-        ("vda1", disk / "vda1"),
-        ("nvme0n1", nvme),
-        ("nvme0n1p1", nvme / "nvme0n1p1"),
-        ("loop0", devices / "virtual" / "block" / "loop0"),
-    ):
-        (classes / link).symlink_to(target)
-    found = block_device_paths(str(tmp_path))
-    assert found == (
-        "/sys/devices/virtual/block/loop0",
-        "/sys/devices/pci0000:00/nvme/nvme0/nvme0n1",
-        "/sys/devices/pci0000:00/virtio1/block/vda",
-    )
-    assert block_device_paths(str(tmp_path / "absent")) == ()
+    loop = devices / "virtual" / "block" / "loop0"
+    for place in (disk / "vda1", nvme / "nvme0n1p1", loop, devices / "virtual" / "net" / "lo"):
+        place.mkdir(parents=True)
+    (devices / "system" / "cpu").mkdir(parents=True)
+    hidden = host_sys_paths(str(tmp_path))
+    for device in (disk, disk / "vda1", nvme, nvme / "nvme0n1p1", loop):
+        assert _under_one_of("/sys/" + str(device.relative_to(tmp_path)), hidden), device
+    assert not _under_one_of("/sys/devices/virtual/net/lo", hidden)
     masked = spec().host_config_fields["MaskedPaths"]
     assert {"/proc/sys/fs/quota", "/sys/block", "/sys/devices/virtual/block"} <= set(masked)
-    assert set(block_device_paths()) <= set(masked)
+    blocks = Path("/sys/class/block")
+    for name in sorted(os.listdir(blocks)) if blocks.is_dir() else ():
+        assert _under_one_of(os.path.realpath(blocks / name), masked), name
+
+
+def _under_one_of(path: str, masked: tuple[str, ...] | list[str]) -> bool:
+    return any(path == top or path.startswith(top + "/") for top in masked)
 
 
 def test_every_top_level_proc_entry_but_processes_and_the_reviewed_ones_is_masked(

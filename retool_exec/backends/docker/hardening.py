@@ -134,7 +134,8 @@ the disk's flush and write counts (``/sys/block/vda/stat``, the copy of the mask
 between calls of different containers (eighteenth red-team round). The calls' filter
 refuses ``sync`` and ``syncfs``; reading a file the page cache does not hold still moves
 the read counts, so they are masked: these generic places, and each block device's own
-directory (``block_device_paths``). gVisor has none of them."""
+directory, wherever its bus puts it, through ``host_sys_paths`` (every ``/sys/devices``
+entry but the CPUs, the nodes and the network interfaces). gVisor has none of them."""
 PROC_VISIBLE = (
     "cpuinfo",  # CPU model and features: numpy, BLAS and the standard library read it
     "meminfo",  # the host's memory, as sysinfo() gives it anyway (docs/security.md)
@@ -204,31 +205,6 @@ def host_proc_paths(procfs: str = PROCFS) -> tuple[str, ...]:
 
 
 SYSFS = "/sys"
-
-
-@functools.cache
-def block_device_paths(sysfs: str = SYSFS) -> tuple[str, ...]:
-    """Each block device's own sysfs directory on this machine (its counts live there, at
-    a path of its bus: ``/sys/devices/pci.../block/vda``, ``.../nvme/nvme0/nvme0n1``),
-    whatever its bus; a partition is inside its disk's directory.
-
-    Read from this machine's ``/sys``: with a Docker daemon on another machine these
-    paths are that machine's only by chance, and a path it lacks is skipped by the
-    runtime; its devices are then masked only through the generic places.
-    """
-    root = os.path.join(sysfs, "class", "block")
-    try:
-        names = sorted(os.listdir(root))
-    except OSError:
-        return ()
-    found = []
-    for name in names:
-        if os.path.exists(os.path.join(root, name, "partition")):
-            continue
-        real = os.path.realpath(os.path.join(root, name))
-        if real.startswith(sysfs + "/"):
-            found.append(SYSFS + real[len(sysfs) :])
-    return tuple(found)
 
 
 SYS_VISIBLE = {
@@ -428,7 +404,6 @@ def container_spec(
                     *DOCKER_MASKED_PATHS,
                     *HOST_COUNTER_PATHS,
                     *HOST_DISK_PATHS,
-                    *block_device_paths(),
                     *host_proc_paths(),
                     *host_sys_paths(),
                 ]

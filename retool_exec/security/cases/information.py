@@ -545,7 +545,8 @@ CASES: tuple[Case, ...] = (
         "(/sys/block/vda/stat, a copy of the masked /proc/diskstats) by one: 7 bits a round "
         "between calls of different containers, fresh included",
         timeout=20.0,
-        note="Masked under runc (hardening.HOST_DISK_PATHS and each disk's own directory); "
+        note="Masked under runc (hardening.HOST_DISK_PATHS, and each disk's own directory "
+        "through host_sys_paths); "
         "the calls' filter makes sync and syncfs do nothing. gVisor has none of these files.",
         local=Expect.HOST_DEPENDENT,
     ),
