@@ -230,11 +230,24 @@ def build_configs(
 
 @contextlib.contextmanager
 def sigterm_stops_quietly() -> Iterator[None]:
-    """uvicorn stops gracefully on SIGTERM, then raises it again with the handler it found:
-    this one does nothing, so the command returns and its ``with Sandbox`` closes the
-    sandbox (removing its containers) and exits 0. With Python's default handler there,
-    a supervisor's SIGTERM ended the process before that and left the containers."""
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    """A supervisor's SIGTERM ends the command through its ``with Sandbox``, which closes
+    the sandbox (removing its containers), and it exits 0; with Python's default handler
+    the process ended at once and left the containers.
+
+    The first SIGTERM raises ``SystemExit(0)`` where the main thread is, as Ctrl-C's
+    ``KeyboardInterrupt`` does: while the sandbox starts, too (a pool's warm-up takes
+    seconds). While uvicorn runs, its own handler stops it gracefully and raises the
+    signal again with this one once it returns. Later ones do nothing, so a second
+    SIGTERM does not cut the close short."""
+    stopping = False
+
+    def stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        if not stopping:
+            stopping = True
+            raise SystemExit(0)
+
+    previous = signal.signal(signal.SIGTERM, stop)
     try:
         yield
     finally:

@@ -239,7 +239,11 @@ def _handle(args: argparse.Namespace) -> int:
     try:
         # Start the backend here, not in the server's lifespan, so that a daemon that is
         # down or a runtime that is unknown is one line (see cli.main), not a traceback.
-        with Sandbox(config, max_workers=settings.max_concurrency) as sandbox:
+        # A supervisor's stop closes the sandbox too, even while it starts.
+        with (
+            sigterm_stops_quietly(),
+            Sandbox(config, max_workers=settings.max_concurrency) as sandbox,
+        ):
             sandbox.start()
             app = create_app(sandbox, settings=settings)
             server = uvicorn.Server(
@@ -253,8 +257,7 @@ def _handle(args: argparse.Namespace) -> int:
                     timeout_graceful_shutdown=10,
                 )
             )
-            with sigterm_stops_quietly():  # a supervisor's stop closes the sandbox too
-                server.run(sockets=[sock])
+            server.run(sockets=[sock])
             started: bool = server.started
     finally:
         sock.close()

@@ -272,11 +272,13 @@ def _add_error_handlers(app: FastAPI, endpoints: Collection[str]) -> None:
         hint = _doubled_endpoint(request.url.path, endpoints)
         if hint is None:
             return await http_exception_handler(request, exc)
-        base = f"{request.url.scheme}://{request.url.netloc}{hint[1]}"
+        # The path only: behind a proxy the scheme and host this server sees are not the
+        # client's, and the Host header is the client's to choose.
         detail = (
             f"no endpoint at {request.url.path}: it names {hint[0]} twice, so the client "
             f"was given the endpoint's URL where it wants the server's base URL; give it "
-            f"{base} (it adds {hint[0]} itself)"
+            f"the same URL without the last {hint[0]}, whose path is {hint[1] or '/'} "
+            f"(it adds {hint[0]} itself)"
         )
         return JSONResponse({"detail": detail}, status_code=404)
 

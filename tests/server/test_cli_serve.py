@@ -169,3 +169,36 @@ def test_sigterm_stops_a_docker_server_and_removes_its_containers() -> None:
         ):
             client.api.remove_container(container["Id"], force=True)
         client.close()
+
+
+@pytest.mark.docker
+def test_sigterm_while_the_pool_starts_removes_its_containers() -> None:
+    """A stop can come while the pool warms up (seconds): the sandbox is closed then too,
+    rather than the process ending with its first containers left behind."""
+    require_docker()
+    label = f"sigterm-start-{os.getpid()}"
+    command = [
+        *(sys.executable, "-m", "retool_exec.cli", "serve", "--backend", "docker"),
+        *("--port", str(_free_port()), "--max-concurrency", "2", "--log-level", "warning"),
+        *("--set", f'labels={{"{TEST_LABEL}": "{label}"}}', "--set", "pool_size=6"),
+    ]
+    client = docker.from_env()
+    ours = {"label": f"{TEST_LABEL}={label}"}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not client.api.containers(all=True, filters=ours):  # the first is being made
+            assert process.poll() is None, process.communicate()[1].decode()
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+        assert process.returncode == 0, stderr.decode()
+        assert client.api.containers(all=True, filters=ours) == []
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+        for container in client.api.containers(all=True, filters=ours):
+            client.api.remove_container(container["Id"], force=True)
+        client.close()
