@@ -189,6 +189,22 @@ class TestBackendContract:
         assert (result.ok, result.returncode, result.stderr) == (False, 3, "")
         assert sandbox.format_tool_content(result) == "Error: process exited with code 3."
 
+    def test_exit_codes_out_of_range_or_of_int_subclasses_end_as_python3_ends(
+        self, sandbox: Sandbox
+    ) -> None:
+        """python3 exits 255 for a code beyond a C long and takes an int subclass's own
+        value; the Docker agent's ``code & 0xFF`` made both a success."""
+        code = (
+            "import sys\n"
+            "class Code(int):\n"
+            "    def __and__(self, other): return 0\n"
+            "    def __index__(self): return 0\n"
+            "sys.exit({})"
+        )
+        for value, status in (("2**63", 255), ("-2**64", 255), ("Code(7)", 7), ("2**40 + 7", 7)):
+            result = sandbox.run_code(code.format(value))
+            assert (result.outcome, result.returncode) == (Outcome.ERROR, status), value
+
     def test_stderr_warnings_do_not_fail_a_success(self, sandbox: Sandbox) -> None:
         result = sandbox.run_code("import sys\nprint('warn', file=sys.stderr)\nprint('ok')")
         assert result.ok

@@ -54,6 +54,7 @@ def test_the_session_cases_are_in_the_corpus() -> None:
         "proto-session-fork-forged-pid",
         "res-session-fork-deep-tree",
         "proto-session-peeked-cells",
+        "proto-session-leader-thread-exits",
     }
     for case in SESSION_CASES:
         assert case.exclusive  # a family holds a container: not beside other cases

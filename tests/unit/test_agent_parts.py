@@ -377,3 +377,52 @@ def test_a_tracing_stop_reaches_the_supervisor_s_wait_as_no_end() -> None:
         [sys.executable, "-c", script], check=False, capture_output=True, text=True
     )
     assert done.returncode == 0 and done.stdout == "ended\n", done
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "None",
+        "0",
+        "3",
+        "-1",
+        "256",
+        "2**32 + 300",
+        "2**40 + 7",
+        "2**63 - 1",
+        "2**63",
+        "-(2**63)",
+        "-(2**63) - 1",
+        "-2**64",
+        "True",
+        "'a message'",
+        "3.0",
+        "Code(7)",
+        "Unreadable(5)",
+    ],
+)
+def test_the_zygote_s_exit_status_is_python3_s(code: str) -> None:
+    """``zygote.exit_status`` against a real python3 exiting on the same SystemExit."""
+    import subprocess
+    import sys
+
+    from retool_exec.backends.docker.agent import zygote
+
+    classes = (
+        "import sys\n"
+        "class Code(int):\n"
+        "    def __and__(self, other): return 0\n"
+        "    def __index__(self): return 0\n"
+        "class Unreadable(SystemExit):\n"
+        "    @property\n"
+        "    def code(self): raise ValueError('no code')\n"
+    )
+    namespace: dict[str, object] = {}
+    exec(classes, namespace)
+    value = eval(code, namespace)
+    exc = value if isinstance(value, SystemExit) else SystemExit(value)
+    raised = "raise " + code if code.startswith("Unreadable") else f"sys.exit({code})"
+    real = subprocess.run(
+        [sys.executable, "-c", classes + raised], check=False, capture_output=True
+    )
+    assert zygote.exit_status(exc) == real.returncode

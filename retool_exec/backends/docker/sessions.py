@@ -231,7 +231,7 @@ class DockerSession(SessionHandle):
         if lost:
             self._lost = str(lost)
             if returncode is None and not timed_out and not oom:
-                returncode = -9  # ended by a signal the agent could not attribute
+                returncode = -9  # the agent kills every lost session; its status not yet known
         outcome = agent_outcome(reply, returncode, timed_out)
         # A session cell's streams are the frame's own; the cell record adds how it ended.
         own = {key: reply.get(key) for key in STREAM_KEYS}

@@ -648,6 +648,54 @@ def _killed_and_lost(obs: Observation) -> bool:
     )
 
 
+# -- (f) a process whose main thread ended ---------------------------------------------
+
+_LEADER_EXITS_TIMEOUT = 2.0
+
+_LEADER_EXITS = """
+    import platform, threading
+    SYS_EXIT = {"x86_64": 60, "aarch64": 93}[platform.machine()]
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def keep_writing():
+        while True:
+            with open(f"/tmp/{TOKEN}-alive", "a") as handle:
+                handle.write("x")
+            time.sleep(0.05)
+
+    threading.Thread(target=keep_writing).start()
+    time.sleep(0.2)
+    libc.syscall(SYS_EXIT, 0)  # this thread only: the process lives on in the other one
+"""
+
+_STILL_WRITING = """
+    def size():
+        try:
+            return os.path.getsize(f"/tmp/{TOKEN}-alive")
+        except OSError:
+            return -1
+    before = size()
+    time.sleep(0.5)
+    report(before=before, grew=size() > before)
+"""
+
+
+def _leader_exit_is_no_end(obs: Observation) -> bool:
+    """The cell ran on (its thread did) until its limit, and was then killed: a timeout
+    (its lateness is ``res-session-ignores-interrupt``'s to judge; here only that it
+    came); and nothing of it writes on while the family's next cell runs."""
+    attack = obs.cell("attack")
+    try:
+        still_writing = bool(obs.cell_facts("check")["grew"])
+    except (KeyError, ValueError):
+        return False
+    return (
+        attack.outcome is Outcome.TIMEOUT
+        and attack.latency - attack.queue_wait <= _LEADER_EXITS_TIMEOUT + 3.0
+        and not still_writing
+    )
+
+
 CASES: tuple[Case, ...] = (
     Case(
         id="iso-session-other-family",
@@ -902,5 +950,29 @@ CASES: tuple[Case, ...] = (
         note="Each later cell reports how many frames its session has peeked and never "
         "read. Contained: at most its own; the supervisor finds the earlier frame still "
         "queued (SIOCOUTQ) before sending the next, and kills the session instead.",
+    ),
+    Case(
+        id="proto-session-leader-thread-exits",
+        klass=CaseClass.PROTOCOL,
+        title="a session whose main thread ends while another thread runs is not reported "
+        "as ended, and does not run on",
+        code="",
+        session_steps=(
+            _open("s"),
+            _fork("s", "w"),
+            _cell("s", "attack", _LEADER_EXITS, timeout=_LEADER_EXITS_TIMEOUT),
+            _cell("w", "check", _STILL_WRITING),
+        ),
+        contained=_leader_exit_is_no_end,
+        severity=Severity.LOW,
+        local=Expect.CONTAINED,
+        reference="retool_exec red-team round of 2026-12-06 (twentieth): the agent took the "
+        "zombie state of the thread-group leader in /proc for the process's end; the cell "
+        "read as killed by SIGKILL within a second, its session lost, while its other thread "
+        "went on writing in the family's container",
+        exclusive=True,
+        note="The agent takes a session's process for ended only by its exit status "
+        "(sessions._ended), which the kernel gives once the last thread has ended, and kills "
+        "every session it reports lost before collecting that status.",
     ),
 )

@@ -27,8 +27,8 @@ import struct
 import time
 from typing import Any
 
-from . import reset, wire, zygote
 from . import supervisor as sv
+from . import wire, zygote
 
 START_BUDGET = 5.0
 """Seconds a new session or fork has to report that it is ready."""
@@ -278,12 +278,16 @@ def _collect(pid: int, wait: float = 0.5) -> int | None:
         time.sleep(0.005)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = reset.stat_fields(pid)[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
+def _ended(pid: int) -> bool:
+    """Whether the session's process ended, by its exit status (the supervisor reaps it).
+
+    Why not its state in ``/proc``: a process whose main thread ended shows that thread,
+    the group's leader, as a zombie while its other threads run on; the cell read as
+    killed by SIGKILL within a second, its session lost, and the process ran on in the
+    family's container (twentieth red-team round). The kernel reports a process's end
+    only once its last thread has ended."""
+    sv.reap_children()
+    return pid in sv.exits
 
 
 def run_cell(sid: int, request: dict[str, Any]) -> dict[str, Any]:
@@ -369,13 +373,15 @@ def run_cell(sid: int, request: dict[str, Any]) -> dict[str, Any]:
                     process.lost = "the session's process broke its event stream"
             elif fd in open_pipes:
                 sv.pump(fd, tails, open_pipes, poller)
-        if cell is None and process.lost is None and not _alive(process.pid):
+        if cell is None and process.lost is None and _ended(process.pid):
             process.lost = "the session's process ended"
     for fd in list(open_pipes):
         sv.drain_pipe(fd, tails, open_pipes, poller, close=True)
     oom_after = sv.oom_kills()
     status = None
     if process.lost is not None:
+        if process.pid not in sv.exits:  # not reaped, so the pid is still its own
+            sv.signal_call(process.pid, signal.SIGKILL)  # a lost session never runs on
         status = _collect(process.pid)
         oom = oom_before is not None and oom_after is not None and oom_after > oom_before
         if oom:

@@ -988,12 +988,29 @@ def _error_record(exc: BaseException) -> dict[str, Any]:
     return {"ename": type(exc).__name__, "evalue": evalue, "traceback": lines[-50:]}
 
 
+LONG_RANGE = (-(1 << 63), 1 << 63)
+"""A C ``long`` on the agent's 64-bit machines: an exit code outside it gives 255."""
+
+
 def exit_status(exc: SystemExit) -> int:
-    code = exc.code
+    """The status python3 exits with on ``exc`` (CPython's ``_Py_HandleSystemExit``).
+
+    Why exactly: ``code & 0xFF`` made ``sys.exit(2**63)`` a success (python3: 255) and
+    asked an int subclass's own ``__and__``, which could answer 0 (python3 takes the
+    int's value); the local backend, a real python3, gave ``error`` for both (twentieth
+    red-team round). A ``code`` that cannot be read is printed as the exception, like
+    any other object that is not an int, and gives 1."""
+    code: object
+    try:
+        code = exc.code
+    except BaseException:
+        code = exc
     if code is None:
         return 0
     if isinstance(code, int):
-        return code & 0xFF
+        value = int.__index__(code)  # the int's own value: no method of a subclass is asked
+        low, high = LONG_RANGE
+        return value & 0xFF if low <= value < high else 255
     try:
         print(code, file=sys.stderr)
     except BaseException:
