@@ -76,7 +76,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import functools
 import inspect
 import json
@@ -137,7 +136,19 @@ _BOOTSTRAP = (
     "    raise\n"
     "except BaseException as _retool_exc:\n"
     "    _retool_exc.with_traceback(_retool_exc.__traceback__.tb_next)\n"
-    "    __import__('sys').excepthook(type(_retool_exc), _retool_exc, _retool_exc.__traceback__)\n"
+    "    _retool_sys = __import__('sys')\n"
+    "    try:\n"
+    "        _retool_sys.excepthook(type(_retool_exc), _retool_exc, _retool_exc.__traceback__)\n"
+    "    except BaseException as _retool_hook:\n"  # as python3 reports a hook that raised
+    "        _retool_hook.with_traceback(_retool_hook.__traceback__.tb_next)\n"
+    "        if _retool_hook.__context__ is _retool_exc:\n"
+    "            _retool_hook.__context__ = None\n"
+    "        _retool_sys.stderr.write('Error in sys.excepthook:\\n')\n"
+    "        _retool_sys.__excepthook__(\n"
+    "            type(_retool_hook), _retool_hook, _retool_hook.__traceback__)\n"
+    "        _retool_sys.stderr.write('\\nOriginal exception was:\\n')\n"
+    "        _retool_sys.__excepthook__(\n"
+    "            type(_retool_exc), _retool_exc, _retool_exc.__traceback__)\n"
     "    raise SystemExit(1) from None\n"
 )
 
@@ -1540,18 +1551,14 @@ class _Workdir:
             with self._walk(parents) as parent:
                 flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
                 fd = os.open(leaf, flags, dir_fd=parent)
-        except FileNotFoundError:
-            return "not found"
         except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
-                return "a symbolic link or non-directory is in the way; not followed"
-            return f"cannot open: {exc.strerror}"
+            return wire.FetchRefused.cannot_open(exc)
         try:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
-                return "not a regular file"
+                return wire.FetchRefused.NOT_REGULAR
             if info.st_size > budget:
-                return f"{info.st_size} bytes; {budget} bytes of fetch budget left"
+                return wire.FetchRefused.too_large(info.st_size, budget)
             chunks: list[bytes] = []
             size = 0
             while size <= budget:
@@ -1561,10 +1568,10 @@ class _Workdir:
                 chunks.append(chunk)
                 size += len(chunk)
             if size > budget:
-                return f"more than the {budget} bytes of fetch budget left"
+                return wire.FetchRefused.grew(budget)
             return b"".join(chunks)
         except OSError as exc:
-            return f"cannot read: {exc.strerror}"
+            return wire.FetchRefused.cannot_read(exc)
         finally:
             os.close(fd)
 

@@ -674,32 +674,31 @@ def read_fetched(paths: list[str], cap: int) -> tuple[dict[str, str], dict[str, 
                         fd = os.open(name, flags, dir_fd=parent)
                     finally:
                         os.close(parent)
-                    try:
-                        info = os.fstat(fd)
-                        if not stat.S_ISREG(info.st_mode):
-                            errors[raw] = "not a regular file"
-                            continue
-                        if info.st_size > budget:
-                            errors[raw] = f"larger than the {cap}-byte fetch budget left"
-                            continue
-                        data = os.read(fd, budget + 1) if budget else b""
-                        if len(data) > budget:
-                            errors[raw] = f"larger than the {cap}-byte fetch budget left"
-                            continue
-                    finally:
-                        os.close(fd)
-                    budget -= len(data)
-                    found[raw] = wire.b64encode(data)
-                except FileNotFoundError:
-                    errors[raw] = "no such file"
                 except OSError as exc:
-                    errors[raw] = (
-                        "a symbolic link (not followed)"
-                        if exc.errno == errno.ELOOP
-                        else str(exc.strerror)
-                    )
+                    errors[raw] = wire.FetchRefused.cannot_open(exc)
+                    continue
                 except ValueError as exc:
                     errors[raw] = str(exc)
+                    continue
+                try:
+                    info = os.fstat(fd)
+                    if not stat.S_ISREG(info.st_mode):
+                        errors[raw] = wire.FetchRefused.NOT_REGULAR
+                        continue
+                    if info.st_size > budget:
+                        errors[raw] = wire.FetchRefused.too_large(info.st_size, budget)
+                        continue
+                    data = os.read(fd, budget + 1) if budget else b""
+                    if len(data) > budget:
+                        errors[raw] = wire.FetchRefused.grew(budget)
+                        continue
+                except OSError as exc:
+                    errors[raw] = wire.FetchRefused.cannot_read(exc)
+                    continue
+                finally:
+                    os.close(fd)
+                budget -= len(data)
+                found[raw] = wire.b64encode(data)
         finally:
             os.close(root)
     return found, errors

@@ -26,6 +26,7 @@ nonce is the agent's.
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import marshal
 import struct
@@ -307,3 +308,35 @@ def check_fetch(paths: tuple[str, ...] | list[str]) -> tuple[str, ...]:
     if len(paths) > MAX_FILES:
         raise ValueError(f"{len(paths)} files to fetch; at most {MAX_FILES}")
     return tuple(dict.fromkeys(check_relative_path(path) for path in paths))
+
+
+class FetchRefused:
+    """Why a fetched file is not returned, in the same words on every backend (the
+    server's ``fetch_files`` message and the trainer's ``fetch_errors`` show them; the
+    two backends had worded each in their own way)."""
+
+    NOT_FOUND = "not found"
+    NOT_REGULAR = "not a regular file"
+    LINK_IN_THE_WAY = "a symbolic link or non-directory is in the way; not followed"
+    LINK_ERRNOS = (errno.ELOOP, errno.ENOTDIR, errno.EMLINK)
+    """What opening without following links fails with where a link or a file is."""
+
+    @staticmethod
+    def too_large(size: int, budget: int) -> str:
+        return f"{size} bytes; {budget} bytes of fetch budget left"
+
+    @staticmethod
+    def grew(budget: int) -> str:
+        return f"more than the {budget} bytes of fetch budget left"
+
+    @classmethod
+    def cannot_open(cls, exc: OSError) -> str:
+        if isinstance(exc, FileNotFoundError):
+            return cls.NOT_FOUND
+        if exc.errno in cls.LINK_ERRNOS:
+            return cls.LINK_IN_THE_WAY
+        return f"cannot open: {exc.strerror}"
+
+    @staticmethod
+    def cannot_read(exc: OSError) -> str:
+        return f"cannot read: {exc.strerror}"

@@ -28,6 +28,7 @@ import errno
 import gc
 import io
 import json
+import locale
 import os
 import resource
 import select
@@ -607,23 +608,53 @@ def _send_frame(frame: bytes) -> None:
         pass
 
 
+COERCED_LOCALES = ("C", "POSIX", "C.UTF-8", "C.utf8", "UTF-8")
+"""The locales in which python3 reads and writes stdin and stdout with ``surrogateescape``:
+the legacy C and POSIX ones and the targets of their coercion (CPython's
+``config_get_stdio_errors``); in any other, ``strict``."""
+
+
+def stdio_errors() -> str:
+    """The error handler of stdin and stdout a fresh ``python3`` here has.
+
+    Why: a strict handler made ``input()`` of a line that is not UTF-8, and ``print`` of a
+    file name read from ``os.listdir`` that is not, fail with ``UnicodeError`` where
+    python3 in the same image (and the local backend) went on (twentieth red-team round).
+    """
+    if sys.flags.utf8_mode:
+        return "surrogateescape"
+    try:
+        name = locale.setlocale(locale.LC_CTYPE)  # python3 set it from the environment
+    except locale.Error:
+        return "strict"
+    return "surrogateescape" if name in COERCED_LOCALES else "strict"
+
+
 def _new_std_streams() -> StdStreams:
-    """Text streams over descriptors 0, 1 and 2, as a fresh ``python3`` has them."""
-    return (
-        io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8"),
-        _text_writer(1),
-        _text_writer(2, stderr=True),
-    )
+    """Text streams over descriptors 0, 1 and 2, as a fresh ``python3`` has them (CPython's
+    ``create_stdio``: names, modes and error handlers included)."""
+    raw = io.FileIO(0, "r", closefd=False)
+    raw.name = "<stdin>"
+    stdin = io.TextIOWrapper(io.BufferedReader(raw), encoding="utf-8", errors=stdio_errors())
+    stdin.mode = "r"  # type: ignore[misc]
+    return (stdin, _text_writer(1), _text_writer(2, stderr=True))
 
 
 def _text_writer(fd: int, stderr: bool = False) -> io.TextIOWrapper:
     """A text stream writing to ``fd``, as a fresh ``python3``'s stdout (or stderr) is."""
-    raw = io.BufferedWriter(io.FileIO(fd, "w", closefd=False))
+    raw = io.FileIO(fd, "w", closefd=False)
+    raw.name = "<stderr>" if stderr else "<stdout>"
     if stderr:
-        return io.TextIOWrapper(
-            raw, encoding="utf-8", errors="backslashreplace", line_buffering=True
+        stream = io.TextIOWrapper(
+            io.BufferedWriter(raw),
+            encoding="utf-8",
+            errors="backslashreplace",
+            line_buffering=True,
         )
-    return io.TextIOWrapper(raw, encoding="utf-8")
+    else:
+        stream = io.TextIOWrapper(io.BufferedWriter(raw), encoding="utf-8", errors=stdio_errors())
+    stream.mode = "w"  # type: ignore[misc]
+    return stream
 
 
 def prepare_std_streams() -> None:
@@ -684,6 +715,7 @@ def run_user_code(source: str, script: str | None = None, *, auto_print: bool = 
     if path is not None:
         namespace["__file__"] = path
     status = 0
+    gc.freeze()  # what exists now is the agent's: the end's collection visits the call's only
     try:
         if auto_print:
             code = compile_auto_printed(source, "<sandbox>")
@@ -695,6 +727,7 @@ def run_user_code(source: str, script: str | None = None, *, auto_print: bool = 
     except BaseException as exc:
         _print_exception(exc)
         status = 1
+    del namespace  # ``__main__`` alone holds it now: its end frees what it holds
     return _finish(status)
 
 
@@ -707,6 +740,25 @@ def _print_exception(exc: BaseException) -> None:
         exc.__traceback__ = tb  # excepthook prints the exception's own traceback
         with _one_write(sys.stderr):
             sys.excepthook(type(exc), exc, tb)
+    except BaseException as hook_error:
+        _print_hook_failure(hook_error, exc)
+
+
+def _print_hook_failure(hook_error: BaseException, exc: BaseException) -> None:
+    """As python3 reports an ``excepthook`` that raised (``_PyErr_PrintEx``): both
+    exceptions, by the default hook. Before, nothing was printed (twentieth red-team
+    round); the hook's traceback starts at the hook, not in the agent."""
+    tb = hook_error.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(AGENT_DIRECTORY):
+        tb = tb.tb_next
+    hook_error.__traceback__ = tb  # the one the default hook shows
+    if hook_error.__context__ is exc:  # raised while ``exc`` was handled: by the agent
+        hook_error.__context__ = None
+    try:
+        sys.stderr.write("Error in sys.excepthook:\n")
+        sys.__excepthook__(type(hook_error), hook_error, tb)
+        sys.stderr.write("\nOriginal exception was:\n")
+        sys.__excepthook__(type(exc), exc, exc.__traceback__)
     except BaseException:
         pass
 
@@ -737,9 +789,14 @@ class _one_write:
 
 
 def _finish(status: int, rehearsal: bool = False) -> int:
-    """End as ``python3`` does: join the threads, run the at-exit functions, flush.
+    """End as ``python3`` does (``Py_FinalizeEx``): join the threads, run the at-exit
+    functions, flush, drop ``__main__`` and collect what it held, flush again.
 
-    ``rehearsal`` (``warm_up``): all of it but the at-exit functions, which run once.
+    Why the last two: ``os._exit`` skips them, and so a file the code left open lost
+    what it had buffered (a grader fetching ``answer.txt`` read it empty), an object's
+    ``__del__`` and a generator's ``finally`` never ran, where python3 and the local
+    backend ran them (twentieth red-team round). ``rehearsal`` (``warm_up``): all of it
+    but the at-exit functions, which run once, and ``__main__``, which is the agent's.
     """
     for thread in threading.enumerate():
         if thread is not threading.main_thread() and not thread.daemon:
@@ -747,15 +804,54 @@ def _finish(status: int, rehearsal: bool = False) -> int:
                 thread.join()
             except BaseException:
                 pass
-    try:
-        import atexit
+    with _unraisable_without_agent_frames():
+        try:
+            import atexit
 
-        if not rehearsal:
-            atexit._run_exitfuncs()
-    except BaseException:
-        pass
+            if not rehearsal:
+                atexit._run_exitfuncs()
+        except BaseException:
+            pass
+        _flush()
+        try:
+            if not rehearsal:
+                sys.modules.pop("__main__", None)  # the last reference to the call's namespace
+            gc.collect()  # what cycles hold: the zygote's own objects are frozen, not visited
+        except BaseException:
+            pass
     _flush()
     return status
+
+
+AGENT_DIRECTORY = os.path.dirname(os.path.abspath(__file__))
+
+
+class _unraisable_without_agent_frames:
+    """Context manager: an exception that cannot be raised (in an at-exit function, a
+    ``__del__``) is reported without the agent's frames.
+
+    Why: reporting one that has no traceback of its own, CPython adds the frame that is
+    running; python3 has none at its end, the agent has ``_finish``, and its path in the
+    agent's archive reached the observation of a failed call (twentieth red-team round).
+    Whatever hook the code installed is called, with the trimmed traceback.
+    """
+
+    def __enter__(self) -> None:
+        self.previous = sys.unraisablehook
+        sys.unraisablehook = self.hook
+
+    def __exit__(self, *exc_info: object) -> None:
+        if sys.unraisablehook == self.hook:
+            sys.unraisablehook = self.previous
+
+    def hook(self, unraisable: Any) -> None:
+        tb = unraisable.exc_traceback
+        while tb is not None and tb.tb_frame.f_code.co_filename.startswith(AGENT_DIRECTORY):
+            tb = tb.tb_next
+        trimmed = type(unraisable)(
+            (unraisable.exc_type, unraisable.exc_value, tb, unraisable.err_msg, unraisable.object)
+        )
+        self.previous(trimmed)
 
 
 def _flush() -> None:
@@ -773,6 +869,7 @@ def run_cells(request_sock: socket.socket, count: int) -> int:
     ``k`` ended; each cell's output lands in its own pipes.
     """
     namespace = _fresh_main()
+    gc.freeze()  # what exists now is the agent's: the end's collection visits the calls' only
     for index in range(count):
         try:
             cell = _receive(request_sock, fds_wanted=2)
@@ -780,6 +877,7 @@ def run_cells(request_sock: socket.socket, count: int) -> int:
             return 0
         token = str(cell.get("token", ""))
         _one_cell(str(cell.get("code", "")), namespace, index, token, print_error=False)
+    del namespace  # ``__main__`` alone holds it now: its end frees what it holds
     return _finish(0)
 
 
