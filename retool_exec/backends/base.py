@@ -51,9 +51,11 @@ class RunRequest:
     cells: tuple[str, ...] = ()
     """Notebook mode: run these cells in order in one interpreter (``code`` must be empty).
 
-    Each cell's output is captured apart (``ExecResult.cells``); an exception
-    ends only its cell; the process exiting or being killed ends the call, and
-    the cells after it are not run. ``timeout`` bounds the whole notebook."""
+    Each cell's output is captured apart (``ExecResult.cells``); the call's own
+    ``stdout`` and ``stderr`` hold only what was written outside every cell (an
+    at-exit function's output, a thread's between cells). An exception ends only
+    its cell; the process exiting or being killed ends the call, and the cells
+    after it are not run. ``timeout`` bounds the whole notebook."""
     cell_timeout: float | None = None
     """Notebook mode: seconds per cell; past it the cell is interrupted (KeyboardInterrupt),
     and if it does not stop within a second the process is killed."""

@@ -619,6 +619,22 @@ class TestBackendContract:
         assert cells[5].display == [{"text/plain": "124"}]
         assert cells[6].display == []
 
+    def test_a_notebook_s_own_streams_hold_what_was_written_outside_every_cell(
+        self, sandbox: Sandbox
+    ) -> None:
+        """The server's ``driver``: the Docker agent joined every cell's output there, the
+        local backend kept only what came outside the cells (twentieth red-team round)."""
+        result = run_cells(
+            sandbox,
+            "x = 5",
+            "print('x is', x)",
+            "import atexit, sys\nsys.stderr.write('careful\\n')\n"
+            "atexit.register(print, 'at exit')\nx * 2",
+        )
+        assert [cell.stdout for cell in result.cells] == ["", "x is 5\n", ""]
+        assert result.cells[2].stderr == "careful\n"
+        assert (result.ok, result.stdout, result.stderr) == (True, "at exit\n", ""), result
+
     def test_output_written_to_the_descriptors_stays_with_its_cell(self, sandbox: Sandbox) -> None:
         result = run_cells(
             sandbox,

@@ -748,6 +748,11 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
     cell_token = ""
     tails = {child.out_r: Tail(cap), child.err_r: Tail(cap)}
     open_pipes = {child.out_r, child.err_r}
+    # The call's own streams: a notebook's hold what it wrote outside every cell (each
+    # cell's output is its record's), as on the local backend and as the server's
+    # ``driver`` documents; the pipes stay open beside each cell's.
+    own_tails = (tails[child.out_r], tails[child.err_r])
+    cell_pipes: set[int] = set()
     poller = select.poll()
     # A plain call's events pipe stays unread (the child closes it): fast calls cost one
     # wake-up fewer, and "started" is asked of the gate only when it matters (below).
@@ -769,8 +774,8 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
 
     def start_cell(index: int) -> None:
         """Send cell ``index``; by the cell's deadline, else the call has timed out."""
-        nonlocal tails, open_pipes, cell_deadline, interrupted_at, undeliverable
-        for fd in list(open_pipes):
+        nonlocal cell_pipes, cell_deadline, interrupted_at, undeliverable
+        for fd in cell_pipes & open_pipes:  # the previous cell's, if not at their end yet
             drain_pipe(fd, tails, open_pipes, poller, close=True)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -783,8 +788,9 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
         frame = wire.encode_for_call(
             {"type": "cell", "index": index, "code": cells[index], "token": cell_token}
         )
-        tails = {out_r: Tail(cap), err_r: Tail(cap)}
-        open_pipes = {out_r, err_r}
+        tails[out_r], tails[err_r] = Tail(cap), Tail(cap)  # (numbers are reused: new ones)
+        cell_pipes = {out_r, err_r}
+        open_pipes.update(cell_pipes)
         for fd in (out_r, err_r):
             os.set_blocking(fd, False)  # numbers are reused: a stale poll event must not block
             poller.register(fd, select.POLLIN)
@@ -977,10 +983,7 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
         fetched, fetch_errors = read_fetched(
             list(request["fetch"]), int(request.get("fetch_cap", wire.MAX_FETCH_BYTES))
         )
-    if cells:
-        out_tail, err_tail = _joined(cell_results, cap)
-    else:
-        out_tail, err_tail = tails[child.out_r], tails[child.err_r]
+    out_tail, err_tail = own_tails
     result: dict[str, Any] = {
         "type": "result",
         "id": request.get("id"),
@@ -1042,17 +1045,6 @@ def announce_ended(
             "cpu_limit": cpu_limit and not timed_out,
         },
     )
-
-
-def _joined(cell_results: list[dict[str, Any]], cap: int) -> tuple[Tail, Tail]:
-    out, err = Tail(cap), Tail(cap)
-    for record in cell_results:
-        cell_out, cell_err = record["tails"]
-        out.dropped += cell_out.dropped
-        err.dropped += cell_err.dropped
-        out.feed(bytes(cell_out.buf))
-        err.feed(bytes(cell_err.buf))
-    return out, err
 
 
 def _cell_frame(record: dict[str, Any]) -> dict[str, Any]:

@@ -870,13 +870,18 @@ def run_cells(request_sock: socket.socket, count: int) -> int:
     """
     namespace = _fresh_main()
     gc.freeze()  # what exists now is the agent's: the end's collection visits the calls' only
+    # The call's own pipes: between cells and after the last, what the interpreter writes
+    # is the call's stdout and stderr (the server's ``driver``), as on the local backend.
+    driver = (os.dup(1), os.dup(2))
     for index in range(count):
         try:
             cell = _receive(request_sock, fds_wanted=2)
         except (EOFError, ValueError):
             return 0
         token = str(cell.get("token", ""))
-        _one_cell(str(cell.get("code", "")), namespace, index, token, print_error=False)
+        _one_cell(
+            str(cell.get("code", "")), namespace, index, token, print_error=False, after=driver
+        )
     del namespace  # ``__main__`` alone holds it now: its end frees what it holds
     return _finish(0)
 
@@ -1010,9 +1015,16 @@ class Interrupts:
 
 
 def _one_cell(
-    source: str, namespace: dict[str, Any], index: int, token: str, print_error: bool = True
+    source: str,
+    namespace: dict[str, Any],
+    index: int,
+    token: str,
+    *,
+    print_error: bool = True,
+    after: tuple[int, int] | None = None,
 ) -> None:
-    """Run one cell on the output pipes now on 1 and 2, then point 1 and 2 at /dev/null.
+    """Run one cell on the output pipes now on 1 and 2, then point 1 and 2 at ``after``
+    (a notebook's own stdout and stderr), or at /dev/null (a session's cells).
 
     As in IPython, ``SystemExit`` is the cell's error and the interpreter lives
     on; only the process ending (``os._exit``, a signal) ends it. A session's cell
@@ -1035,12 +1047,19 @@ def _one_cell(
         if print_error:
             _print_exception(exc)
     _flush()
-    # This cell's pipes end here; stray writers (threads, children) hit /dev/null,
-    # never a descriptor number reused by something else.
-    null = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(null, 1)
-    os.dup2(null, 2)
-    os.close(null)
+    # This cell's pipes end here; stray writers (threads, children) hit ``after`` or
+    # /dev/null, never a descriptor number reused by something else.
+    if after is None:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        os.close(null)
+    else:
+        try:
+            os.dup2(after[0], 1)
+            os.dup2(after[1], 2)
+        except OSError:  # the cell closed them: as on the local backend, nothing to restore
+            pass
     # The token is this cell's (random, sent with it): an end a cell forges for a later
     # cell cannot carry that cell's token, which does not exist yet.
     _send_event(
