@@ -18,6 +18,12 @@ as long as it likes, before any token check could refuse it.
   byte every few seconds held its connection for as long as the client liked, and
   1024 of them shut every other client out (504), each holding up to the body
   limit (``BodyLimitMiddleware``, 8 MiB) of memory (eighteenth red-team round).
+- **send timeout**: an answer the client does not read must still leave:
+  while the transport's buffer is over its high-water mark, it must shrink
+  every ``send_timeout`` seconds, else the connection is dropped with what it
+  holds. Why: a client that never read its answer held the connection and the
+  whole answer's memory (~13 MB for 1 MiB of output on each stream) for as
+  long as it liked, past every other timeout (twentieth red-team round).
 - **connection bound**: past ``max_connections`` open connections, a new one
   gets ``504`` (the status SandboxFusion clients retry on) and is closed at
   once.
@@ -70,11 +76,15 @@ class GuardedH11Protocol(H11Protocol):
     """Seconds a request's headers may take to arrive."""
     body_timeout: ClassVar[float] = 30.0
     """Seconds a request's body may take to arrive once its headers are in."""
+    send_timeout: ClassVar[float] = 30.0
+    """Seconds an answer held back by the client may go without its buffer shrinking."""
     max_connections: ClassVar[int | None] = 1024
     """Most connections open at once (None: no bound)."""
 
     _header_timer: asyncio.TimerHandle | None = None
     _body_timer: asyncio.TimerHandle | None = None
+    _send_timer: asyncio.TimerHandle | None = None
+    _send_buffered = 0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -118,7 +128,41 @@ class GuardedH11Protocol(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         self._stop_body_timer()
+        self._stop_send_timer()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        """The answer is buffered past the high-water mark: it must keep leaving."""
+        super().pause_writing()
+        self._stop_send_timer()
+        self._send_buffered = self.transport.get_write_buffer_size()
+        self._send_timer = self.loop.call_later(self.send_timeout, self._check_sending)
+
+    def resume_writing(self) -> None:
+        self._stop_send_timer()
+        super().resume_writing()
+
+    def _check_sending(self) -> None:
+        self._send_timer = None
+        if self.transport.is_closing():
+            return
+        buffered = self.transport.get_write_buffer_size()
+        if buffered < self._send_buffered:  # the client reads, however slowly
+            self._send_buffered = buffered
+            self._send_timer = self.loop.call_later(self.send_timeout, self._check_sending)
+            return
+        log.warning(
+            "dropped a connection whose client stopped reading its answer for %.0f s "
+            "(%d bytes held)",
+            self.send_timeout,
+            buffered,
+        )
+        self.transport.abort()  # close() would wait to send what it holds
+
+    def _stop_send_timer(self) -> None:
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
 
     def _arm(self) -> None:
         self._disarm()
@@ -160,6 +204,7 @@ def guarded_protocol(settings: ServerSettings) -> type[GuardedH11Protocol]:
         {
             "header_timeout": settings.header_timeout,
             "body_timeout": settings.body_timeout,
+            "send_timeout": settings.send_timeout,
             "max_connections": settings.max_connections,
         },
     )

@@ -55,6 +55,10 @@ class ServerSettings(BaseModel):
     """Seconds a request's body has to arrive once its headers are in; past that the
     connection gets 408 and is closed (``connections.py``). Applies when served through
     ``uvicorn_config``."""
+    send_timeout: float = Field(default=30.0, gt=0, le=3600)
+    """Seconds an answer the client holds back (its buffer over the high-water mark) may
+    go without shrinking; past that the connection is dropped with what it holds
+    (``connections.py``). Applies when served through ``uvicorn_config``."""
     max_connections: int | None = Field(default=1024, ge=1)
     """Most connections open at once; a new one past it gets 504 and is closed at once.
     Keep it above ``max_concurrency + max_queue``, or clients get closed connections

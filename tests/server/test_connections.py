@@ -180,3 +180,62 @@ def test_open_connections_are_bounded() -> None:
                 pass
             assert time.monotonic() < deadline
             time.sleep(0.05)
+
+
+def _unread_answer(port: int, *, read_every: float | None, seconds: float) -> tuple[bool, int, int]:
+    """Ask for a large answer on a connection with a tiny receive buffer and read it only
+    ``read_every`` seconds 16 KiB at a time (None: never): (closed by the server,
+    bytes received, the answer's length)."""
+    body = b'{"code": "print()"}'
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", port))
+        sock.sendall(
+            b"POST /run_code HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        received, closed = b"", False
+        deadline = time.monotonic() + seconds
+        sock.settimeout(0.05)
+        while time.monotonic() < deadline and not closed:
+            time.sleep(read_every if read_every is not None else 0.05)
+            if read_every is None:
+                continue
+            try:
+                chunk = sock.recv(16384)
+            except TimeoutError:
+                continue
+            except ConnectionResetError:
+                closed = True
+                continue
+            closed = not chunk
+            received += chunk
+        if not closed:
+            closed, rest = closed_within(sock, 3.0 if read_every is None else 0.5)
+            received += rest
+    head, _, answer = received.partition(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0]) if head else -1
+    return closed, len(answer), length
+
+
+def test_an_answer_the_client_never_reads_is_dropped_after_the_send_timeout() -> None:
+    """A client that never read held the connection and the whole answer's memory for as
+    long as it liked, past every other timeout (twentieth red-team round)."""
+    big = FakeBackend(lambda _request: "\x01" * (1 << 20))  # ~6 MB of JSON
+    settings = ServerSettings(token=None, send_timeout=1.0)
+    with serve(create_app(big, settings=settings)) as url:
+        port = int(url.rsplit(":", 1)[1])
+        started = time.monotonic()
+        closed, got, length = _unread_answer(port, read_every=None, seconds=2.5)
+        assert closed and time.monotonic() - started < 8
+        assert got < length or length == -1  # cut short: dropped with what it held
+
+
+def test_an_answer_read_slowly_but_steadily_is_sent_whole() -> None:
+    big = FakeBackend(lambda _request: "\x01" * (1 << 18))  # ~1.5 MB of JSON
+    settings = ServerSettings(token=None, send_timeout=1.0)
+    with serve(create_app(big, settings=settings)) as url:
+        port = int(url.rsplit(":", 1)[1])
+        closed, got, length = _unread_answer(port, read_every=0.02, seconds=30)
+        assert got == length > 1 << 20, (closed, got, length)
