@@ -44,6 +44,9 @@ class RunRequest:
     """Files written into the working directory before the code starts."""
     fetch: tuple[str, ...] = ()
     """Files read back from the working directory after the code ends (``ExecResult.files``)."""
+    fetch_budget: int = wire.MAX_FETCH_BYTES
+    """Bytes the fetched files may hold in all; a file past what is left is not read and is
+    named in ``fetch_errors``. At most ``wire.MAX_FETCH_BYTES``."""
     script: str | None = None
     """Run the code as ``python SCRIPT`` would: the file (relative to the working directory)
     holds the code, and ``__file__`` and ``sys.argv[0]`` name it. Tracebacks still say
@@ -56,6 +59,11 @@ class RunRequest:
     at-exit function's output, a thread's between cells). An exception ends only
     its cell; the process exiting or being killed ends the call, and the cells
     after it are not run. ``timeout`` bounds the whole notebook."""
+    cell_output_chars: int | None = None
+    """Notebook mode: the characters of each cell's stdout and stderr kept (their tails, cut
+    where they are captured, as ``max_output_chars`` cuts a call's); None: the backend's
+    ``max_output_chars``, which also caps it. Why: a server that shows each cell a share
+    of 4096 characters held up to 1 MiB a stream for each of 128 cells."""
     cell_timeout: float | None = None
     """Notebook mode: seconds per cell; past it the cell is interrupted (KeyboardInterrupt),
     and if it does not stop within a second the process is killed."""
@@ -73,6 +81,12 @@ class RunRequest:
                 )
         if self.cells and self.code:
             raise ValueError("give either code or cells, not both")
+        if not 0 <= self.fetch_budget <= wire.MAX_FETCH_BYTES:
+            raise ValueError(
+                f"fetch_budget of {self.fetch_budget} bytes; from 0 to {wire.MAX_FETCH_BYTES}"
+            )
+        if self.cell_output_chars is not None and self.cell_output_chars < 0:
+            raise ValueError(f"cell_output_chars of {self.cell_output_chars}; at least 0")
         object.__setattr__(self, "cells", tuple(self.cells))
         object.__setattr__(self, "files", wire.check_uploads(dict(self.files)))
         object.__setattr__(self, "fetch", wire.check_fetch(tuple(self.fetch)))

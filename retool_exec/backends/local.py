@@ -597,7 +597,7 @@ class LocalSubprocessBackend(Backend):
             else:
                 result = await self._run_code(request, started, workdir, stdin)
             if workdir is not None and request.fetch:
-                files, errors = workdir.fetch(request.fetch, wire.MAX_FETCH_BYTES)
+                files, errors = workdir.fetch(request.fetch, request.fetch_budget)
                 result = result.model_copy(update={"files": files, "fetch_errors": errors})
             return result
 
@@ -689,7 +689,14 @@ class LocalSubprocessBackend(Backend):
                 except OSError as exc:
                     return _failure(f"could not start {self.config.python!r}: {exc}", started)
             host.setblocking(False)
-            notebook = _Notebook(loop, transport.get_pid(), capture.exited, host, limit)
+            notebook = _Notebook(
+                loop,
+                transport.get_pid(),
+                capture.exited,
+                host,
+                limit,
+                stream_chars=request.cell_output_chars,
+            )
             deadline = loop.time() + request.timeout
             try:
                 await notebook.run(request.cells, _cell_limit(request.cell_timeout), deadline)
@@ -843,12 +850,16 @@ class _Notebook:
         exited: asyncio.Future[None],
         channel: socket.socket,
         limit: int,
+        *,
+        stream_chars: int | None = None,
     ) -> None:
         self._loop = loop
         self._pid = pid
         self._exited = exited
         self._channel = channel
         self._limit = limit
+        self._stream_chars = limit if stream_chars is None else min(stream_chars, limit)
+        """Each cell's stdout and stderr kept (``RunRequest.cell_output_chars``)."""
         self.cells: list[CellResult] = []
         self.timed_out = False
         """The notebook's time passed, or a cell's did and the process had to be killed."""
@@ -876,9 +887,9 @@ class _Notebook:
         ``tag`` is the header's first word: the cell's index in a notebook, the
         command (``_CMD_CELL``) for a session, whose driver numbers its cells itself.
         """
-        out = _PipeTail(self._loop, self._limit)
+        out = _PipeTail(self._loop, self._stream_chars)
         try:
-            err = _PipeTail(self._loop, self._limit)
+            err = _PipeTail(self._loop, self._stream_chars)
         except BaseException:
             out.finish()
             raise

@@ -105,19 +105,19 @@ class SandboxService:
         self._check_size(request.code)
         script = script_name(files.uploads)
         with _bad_input():  # checked here, so a bad input is a 400 and never queues
-            RunRequest(
-                code=request.code, timeout=timeout, stdin=stdin, files=files.uploads, script=script
-            )
-        result = await self._run(
-            lambda: self.sandbox.arun_code(
-                request.code,
+            call = RunRequest(
+                code=request.code,
                 timeout=timeout,
                 memory_mb=memory,
                 stdin=stdin,
                 files=files.uploads,
                 fetch=files.fetch_paths,
+                fetch_budget=self.settings.max_fetch_bytes,  # read no more than is returned
                 script=script,
-            ),
+                auto_print=self.sandbox.auto_print,
+            )
+        result = await self._run(
+            lambda: self._run_request(call),
             wait=self.queue_budget(request.compile_timeout, request.run_timeout, timeout),
             gone=gone,
         )
@@ -159,15 +159,18 @@ class SandboxService:
         total = self.clamp_timeout(request.total_timeout)
         cell_timeout = min(request.cell_timeout, total)
         self._check_size("".join(request.cells))
+        cell_chars = max(128, self.settings.jupyter_output_chars // max(1, count))
         with _bad_input():
             call = RunRequest(
                 code="",
                 cells=tuple(request.cells),
                 cell_timeout=cell_timeout or None,
+                cell_output_chars=cell_chars,  # cut where captured: no more is returned
                 timeout=total,
                 memory_mb=self.clamp_memory(None),
                 files=files.uploads,
                 fetch=files.fetch_paths,
+                fetch_budget=self.settings.max_fetch_bytes,
             )
         if count:
             result = await self._run(lambda: self._run_request(call), gone=gone)
@@ -177,7 +180,7 @@ class SandboxService:
         cells, finished, cells_note = notebook_cells(
             result,
             count,
-            cell_chars=max(128, self.settings.jupyter_output_chars // max(1, count)),
+            cell_chars=cell_chars,
             cell_timeout=cell_timeout,
             total_timeout=total,
         )
@@ -304,8 +307,9 @@ class SandboxService:
     async def _run_request(self, request: RunRequest) -> ExecResult:
         """Run a prepared request through the sandbox: its slots, stats and event loop.
 
-        ``Sandbox.arun_code`` takes no ``cells=``, so a notebook goes in as a
-        ``RunRequest`` by the same path ``arun_code`` uses once it has built one.
+        ``Sandbox.arun_code`` takes no ``cells=`` and no budgets, so a notebook (and a
+        ``/run_code`` call, with its fetch budget) goes in as a ``RunRequest`` by the same
+        path ``arun_code`` uses once it has built one.
         """
         sandbox = self.sandbox
         return await sandbox._acall_in_loop(sandbox._run(request, time.perf_counter()))

@@ -90,7 +90,8 @@ class ServerSettings(BaseModel):
     max_fetch_bytes: int = Field(default=4 * 1024 * 1024, ge=0, le=wire.MAX_FETCH_BYTES)
     """Most bytes ``fetch_files`` returns per request, all files together (files past
     it are left out and named in ``message``). The backend reads them back itself,
-    outside the code's process, up to ``wire.MAX_FETCH_BYTES`` (32 MiB)."""
+    outside the code's process, and no more than this (``RunRequest.fetch_budget``; at
+    most ``wire.MAX_FETCH_BYTES``, 32 MiB)."""
     output_chars: int = Field(default=1 << 20, ge=0, le=1 << 20)
     """Characters of stdout/stderr returned by ``/run_code`` (default 1 MiB, whole for any
     ordinary answer). Past it the *tail* is kept, with the seed's ``[... truncated N

@@ -432,6 +432,15 @@ class TestBackendContract:
             "adir/x": "not found",
         }
 
+    def test_the_fetch_budget_is_kept_where_the_files_are_read(self, sandbox: Sandbox) -> None:
+        """A server returning 4 MiB of files had the backend read 32 MiB (twentieth
+        red-team round): the budget goes down with the request."""
+        code = "open('small', 'wb').write(b'1' * 3000)\nopen('big', 'wb').write(b'2' * 5000)"
+        request = RunRequest(code=code, timeout=10.0, fetch=("small", "big"), fetch_budget=4096)
+        result = run_request(sandbox, request)
+        assert result.files == {"small": b"1" * 3000}, result
+        assert result.fetch_errors == {"big": "5000 bytes; 1096 bytes of fetch budget left"}
+
     def test_a_link_is_not_followed_when_fetched(self, sandbox: Sandbox) -> None:
         code = "import os\nos.symlink('/etc/hostname', 'link')\nos.symlink('.', 'up')"
         result = sandbox.run_code(code, fetch=["link", "up/link"])
@@ -634,6 +643,22 @@ class TestBackendContract:
         assert [cell.stdout for cell in result.cells] == ["", "x is 5\n", ""]
         assert result.cells[2].stderr == "careful\n"
         assert (result.ok, result.stdout, result.stderr) == (True, "at exit\n", ""), result
+
+    def test_each_cell_keeps_the_tail_of_its_output_it_was_given(self, sandbox: Sandbox) -> None:
+        """``cell_output_chars`` cuts where the output is captured: a server showing each of
+        128 cells a share of 4096 characters held 1 MiB a stream for each."""
+        request = RunRequest(
+            code="",
+            cells=("print('a' * 500 + 'END')", "import sys; sys.stderr.write('b' * 50)"),
+            cell_output_chars=100,
+            timeout=10.0,
+        )
+        result = run_request(sandbox, request)
+        first, second = result.cells
+        assert first.stdout.startswith("[... truncated "), first  # the seed's marker
+        assert first.stdout.endswith("]\n" + "a" * 96 + "END\n"), first
+        assert first.stdout_dropped_chars == 404
+        assert (second.stderr, second.stderr_dropped_chars) == ("b" * 50, 0)
 
     def test_output_written_to_the_descriptors_stays_with_its_cell(self, sandbox: Sandbox) -> None:
         result = run_cells(

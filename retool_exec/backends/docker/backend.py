@@ -245,7 +245,7 @@ class DockerBackend(Backend):
             else:
                 pool.retire(container)
             try:
-                return self._result(reply, started, waited)
+                return self._result(reply, started, waited, self._cell_chars(request))
             except (ProtocolError, ValueError) as exc:
                 return self._failure(started, f"the agent's result was malformed: {exc}", waited)
         return self._failure(
@@ -339,10 +339,11 @@ class DockerBackend(Backend):
             frame["files"] = [[path, wire.b64encode(data)] for path, data in files.items()]
         if request.fetch:
             frame["fetch"] = list(request.fetch)
-            frame["fetch_cap"] = wire.MAX_FETCH_BYTES
+            frame["fetch_cap"] = request.fetch_budget
         if request.cells:
             frame["cells"] = list(request.cells)
             frame["cell_timeout"] = request.cell_timeout
+            frame["cell_read_cap"] = read_cap_bytes(self._cell_chars(request))
         return frame
 
     async def _call(
@@ -392,7 +393,9 @@ class DockerBackend(Backend):
                 raise ProtocolError(f"the agent failed: {str(reply.get('reason'))[:300]}")
             raise ProtocolError(f"unauthenticated frame from the agent: {reply.get('type')!r}")
 
-    def _result(self, reply: dict[str, Any], started: float, waited: float) -> ExecResult:
+    def _result(
+        self, reply: dict[str, Any], started: float, waited: float, cell_chars: int
+    ) -> ExecResult:
         if reply.get("setup_error"):
             return ExecResult(
                 ok=False,
@@ -442,12 +445,17 @@ class DockerBackend(Backend):
             queue_wait=waited,
             files=files,
             fetch_errors={str(k): str(v) for k, v in (reply.get("fetch_errors") or {}).items()},
-            cells=[self._cell(cell) for cell in reply.get("cells") or []],
+            cells=[self._cell(cell, cell_chars) for cell in reply.get("cells") or []],
         )
 
-    def _cell(self, cell: dict[str, Any]) -> CellResult:
+    def _cell_chars(self, request: RunRequest) -> int:
+        """The characters of each cell's streams kept (``RunRequest.cell_output_chars``)."""
+        chars = self.config.max_output_chars
+        return chars if request.cell_output_chars is None else min(request.cell_output_chars, chars)
+
+    def _cell(self, cell: dict[str, Any], chars: int) -> CellResult:
         """One cell of a result frame (its streams, display, error and how it ended)."""
-        stdout, stdout_dropped, stderr, stderr_dropped = streams(cell, self.config.max_output_chars)
+        stdout, stdout_dropped, stderr, stderr_dropped = streams(cell, chars)
         return CellResult(
             stdout=stdout,
             stderr=stderr,

@@ -235,7 +235,10 @@ class DockerSession(SessionHandle):
         outcome = agent_outcome(reply, returncode, timed_out)
         # A session cell's streams are the frame's own; the cell record adds how it ended.
         own = {key: reply.get(key) for key in STREAM_KEYS}
-        cells = [backend._cell({**cell, **own}) for cell in reply.get("cells") or []]
+        cells = [
+            backend._cell({**cell, **own}, backend.config.max_output_chars)
+            for cell in reply.get("cells") or []
+        ]
         return ExecResult(
             ok=outcome is Outcome.SUCCESS,
             stdout=stdout,

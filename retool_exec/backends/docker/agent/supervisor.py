@@ -710,6 +710,7 @@ def read_fetched(paths: list[str], cap: int) -> tuple[dict[str, str], dict[str, 
 def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dict[str, Any]:
     timeout = float(request["timeout"])
     cap = int(request.get("read_cap", 16384))
+    cell_cap = int(request.get("cell_read_cap", cap))  # each notebook cell's (its share)
     started = time.monotonic()
     deadline = started + timeout
     oom_before = oom_kills()
@@ -788,7 +789,7 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
         frame = wire.encode_for_call(
             {"type": "cell", "index": index, "code": cells[index], "token": cell_token}
         )
-        tails[out_r], tails[err_r] = Tail(cap), Tail(cap)  # (numbers are reused: new ones)
+        tails[out_r], tails[err_r] = Tail(cell_cap), Tail(cell_cap)  # (numbers reused: new)
         cell_pipes = {out_r, err_r}
         open_pipes.update(cell_pipes)
         for fd in (out_r, err_r):
