@@ -139,6 +139,8 @@ _BOOTSTRAP = (
     "    _retool_sys = __import__('sys')\n"
     "    try:\n"
     "        _retool_sys.excepthook(type(_retool_exc), _retool_exc, _retool_exc.__traceback__)\n"
+    "    except SystemExit:\n"  # python3 exits with a hook's SystemExit, silently
+    "        raise\n"
     "    except BaseException as _retool_hook:\n"  # as python3 reports a hook that raised
     "        _retool_hook.with_traceback(_retool_hook.__traceback__.tb_next)\n"
     "        if _retool_hook.__context__ is _retool_exc:\n"

@@ -21,7 +21,7 @@ import contextlib
 import json
 import signal
 import tomllib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -229,7 +229,7 @@ def build_configs(
 
 
 @contextlib.contextmanager
-def sigterm_stops_quietly() -> Iterator[None]:
+def sigterm_stops_quietly() -> Iterator[Callable[[], None]]:
     """A supervisor's SIGTERM ends the command through its ``with Sandbox``, which closes
     the sandbox (removing its containers), and it exits 0; with Python's default handler
     the process ended at once and left the containers.
@@ -237,8 +237,10 @@ def sigterm_stops_quietly() -> Iterator[None]:
     The first SIGTERM raises ``SystemExit(0)`` where the main thread is, as Ctrl-C's
     ``KeyboardInterrupt`` does: while the sandbox starts, too (a pool's warm-up takes
     seconds). While uvicorn runs, its own handler stops it gracefully and raises the
-    signal again with this one once it returns. Later ones do nothing, so a second
-    SIGTERM does not cut the close short."""
+    signal again with this one once it returns. Yields ``closing``: call it when the
+    command's work is over (its ``with Sandbox`` is about to close); from then on, and
+    after a first SIGTERM, a SIGTERM does nothing, so none cuts the close short.
+    """
     stopping = False
 
     def stop(signum: int, frame: object) -> None:
@@ -247,8 +249,12 @@ def sigterm_stops_quietly() -> Iterator[None]:
             stopping = True
             raise SystemExit(0)
 
+    def closing() -> None:
+        nonlocal stopping
+        stopping = True
+
     previous = signal.signal(signal.SIGTERM, stop)
     try:
-        yield
+        yield closing
     finally:
         signal.signal(signal.SIGTERM, previous)

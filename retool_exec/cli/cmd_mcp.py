@@ -165,7 +165,7 @@ def _check_http(args: argparse.Namespace) -> None:
 
 def _handle(args: argparse.Namespace) -> int:
     try:
-        from retool_exec.mcp_server import DEFAULT_MAX_TIMEOUT, SandboxTools
+        from retool_exec.mcp_server import DEFAULT_MAX_TIMEOUT
     except ModuleNotFoundError as exc:
         raise UsageError(
             f"{exc.name} is missing; install the mcp extra: pip install 'retool_exec[mcp]'"
@@ -177,34 +177,53 @@ def _handle(args: argparse.Namespace) -> int:
     if not max_timeout > 0:
         raise UsageError(f"--max-timeout must be positive, got {max_timeout}")
     config = build_config(args)
+    # Over HTTP a supervisor's SIGTERM closes the sandbox (stdio handles its own signals).
+    stops = sigterm_stops_quietly() if args.http is not None else contextlib.nullcontext(_nothing)
     # Built now (a bad setting is one line at launch); started by the first tool call.
-    with Sandbox(
-        config,
-        timeout=args.timeout,
-        auto_print=args.auto_print,
-        max_sessions=args.max_sessions,
-        session_ttl=args.session_ttl,
-    ) as sandbox:
-        if sandbox.timeout > max_timeout:
-            raise UsageError(
-                f"the default timeout ({sandbox.timeout:g} s) is more than --max-timeout "
-                f"({max_timeout:g} s)"
-            )
-        if not backend_spec(args.backend).isolating:
-            print(
-                f"retool-exec mcp: warning: the {args.backend} backend does NOT isolate "
-                "the code it runs",
-                file=sys.stderr,
-            )
-        tools = SandboxTools(
-            sandbox,
-            max_timeout=max_timeout,
-            sessions=not args.no_sessions and args.max_sessions > 0,
+    with (
+        stops as closing,
+        Sandbox(
+            config,
+            timeout=args.timeout,
+            auto_print=args.auto_print,
+            max_sessions=args.max_sessions,
+            session_ttl=args.session_ttl,
+        ) as sandbox,
+    ):
+        try:
+            return _serve(args, sandbox, max_timeout)
+        finally:
+            closing()  # the sandbox closes now: no later SIGTERM cuts that short
+
+
+def _nothing() -> None:
+    pass
+
+
+def _serve(args: argparse.Namespace, sandbox: Sandbox, max_timeout: float) -> int:
+    """Serve the sandbox's tools over stdio or HTTP until the client or a signal ends it."""
+    from retool_exec.mcp_server import SandboxTools  # (checked importable by ``_handle``)
+
+    if sandbox.timeout > max_timeout:
+        raise UsageError(
+            f"the default timeout ({sandbox.timeout:g} s) is more than --max-timeout "
+            f"({max_timeout:g} s)"
         )
-        server = tools.server(log_level=args.log_level)
-        if args.http is None:
-            return _serve_stdio(server, sandbox)
-        return _serve_http(server, args.http, args.log_level)
+    if not backend_spec(args.backend).isolating:
+        print(
+            f"retool-exec mcp: warning: the {args.backend} backend does NOT isolate "
+            "the code it runs",
+            file=sys.stderr,
+        )
+    tools = SandboxTools(
+        sandbox,
+        max_timeout=max_timeout,
+        sessions=not args.no_sessions and args.max_sessions > 0,
+    )
+    server = tools.server(log_level=args.log_level)
+    if args.http is None:
+        return _serve_stdio(server, sandbox)
+    return _serve_http(server, args.http, args.log_level)
 
 
 def _serve_stdio(server: MCPServer, sandbox: Sandbox) -> int:
@@ -263,8 +282,7 @@ def _serve_http(server: MCPServer, port: int, log_level: str) -> int:
             timeout_graceful_shutdown=5,
         )
         http = uvicorn.Server(config)
-        with sigterm_stops_quietly():
-            asyncio.run(http.serve(sockets=[sock]))
+        asyncio.run(http.serve(sockets=[sock]))
     finally:
         sock.close()
     return 0

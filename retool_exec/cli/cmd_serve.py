@@ -241,24 +241,27 @@ def _handle(args: argparse.Namespace) -> int:
         # down or a runtime that is unknown is one line (see cli.main), not a traceback.
         # A supervisor's stop closes the sandbox too, even while it starts.
         with (
-            sigterm_stops_quietly(),
+            sigterm_stops_quietly() as closing,
             Sandbox(config, max_workers=settings.max_concurrency) as sandbox,
         ):
-            sandbox.start()
-            app = create_app(sandbox, settings=settings)
-            server = uvicorn.Server(
-                uvicorn_config(  # headers within header_timeout; max_connections open
-                    app,
-                    host=args.host,
-                    port=args.port,
-                    log_level=args.log_level,
-                    lifespan="on",
-                    server_header=False,
-                    timeout_graceful_shutdown=10,
+            try:
+                sandbox.start()
+                app = create_app(sandbox, settings=settings)
+                server = uvicorn.Server(
+                    uvicorn_config(  # headers within header_timeout; max_connections open
+                        app,
+                        host=args.host,
+                        port=args.port,
+                        log_level=args.log_level,
+                        lifespan="on",
+                        server_header=False,
+                        timeout_graceful_shutdown=10,
+                    )
                 )
-            )
-            server.run(sockets=[sock])
-            started: bool = server.started
+                server.run(sockets=[sock])
+                started: bool = server.started
+            finally:
+                closing()  # the sandbox closes now: no later SIGTERM cuts that short
     finally:
         sock.close()
     return 0 if started else 1

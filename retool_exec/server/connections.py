@@ -19,9 +19,9 @@ as long as it likes, before any token check could refuse it.
   1024 of them shut every other client out (504), each holding up to the body
   limit (``BodyLimitMiddleware``, 8 MiB) of memory (eighteenth red-team round).
 - **send timeout**: an answer the client does not read must still leave:
-  while the transport's buffer is over its high-water mark, it must shrink
-  every ``send_timeout`` seconds, else the connection is dropped with what it
-  holds. Why: a client that never read its answer held the connection and the
+  while anything of it is buffered (the connection closing or not), the
+  buffer must shrink every ``send_timeout`` seconds, else the connection is
+  dropped with what it holds. Why: a client that never read its answer held the connection and the
   whole answer's memory (~13 MB for 1 MiB of output on each stream) for as
   long as it liked, past every other timeout (twentieth red-team round).
 - **connection bound**: past ``max_connections`` open connections, a new one
@@ -114,6 +114,7 @@ class GuardedH11Protocol(H11Protocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        self._watch_sending()  # (a "Connection: close" answer is closing now, still buffered)
         # A pipelined request uvicorn took from its buffer here, not in data_received:
         # its body is timed from now (eighteenth red-team round's review).
         self._time_the_body()
@@ -134,19 +135,24 @@ class GuardedH11Protocol(H11Protocol):
     def pause_writing(self) -> None:
         """The answer is buffered past the high-water mark: it must keep leaving."""
         super().pause_writing()
-        self._stop_send_timer()
-        self._send_buffered = self.transport.get_write_buffer_size()
-        self._send_timer = self.loop.call_later(self.send_timeout, self._check_sending)
+        self._watch_sending()
 
-    def resume_writing(self) -> None:
-        self._stop_send_timer()
-        super().resume_writing()
+    def timeout_keep_alive_handler(self) -> None:
+        super().timeout_keep_alive_handler()
+        self._watch_sending()  # closing waits for what is buffered: it must leave too
+
+    def _watch_sending(self) -> None:
+        """While anything of an answer is buffered (the response complete or not, the
+        transport closing or not), check every ``send_timeout`` that it shrinks."""
+        if self._send_timer is None and self.transport.get_write_buffer_size() > 0:
+            self._send_buffered = self.transport.get_write_buffer_size()
+            self._send_timer = self.loop.call_later(self.send_timeout, self._check_sending)
 
     def _check_sending(self) -> None:
         self._send_timer = None
-        if self.transport.is_closing():
-            return
         buffered = self.transport.get_write_buffer_size()
+        if buffered == 0:
+            return  # all of it left: watched again if more is held back
         if buffered < self._send_buffered:  # the client reads, however slowly
             self._send_buffered = buffered
             self._send_timer = self.loop.call_later(self.send_timeout, self._check_sending)

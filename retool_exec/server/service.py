@@ -311,8 +311,10 @@ class SandboxService:
         ``/run_code`` call, with its fetch budget) goes in as a ``RunRequest`` by the same
         path ``arun_code`` uses once it has built one.
         """
-        sandbox = self.sandbox
-        return await sandbox._acall_in_loop(sandbox._run(request, time.perf_counter()))
+        sandbox, submitted = self.sandbox, time.perf_counter()
+        if sandbox._runs_here():  # as ``arun_code``: on this loop, no hop to the sandbox's
+            return await sandbox._run(request, submitted)
+        return await sandbox._acall_in_loop(sandbox._run(request, submitted))
 
     def _command(self, result: ExecResult) -> CommandRunResult:
         limit = self.settings.output_chars

@@ -56,8 +56,8 @@ class ServerSettings(BaseModel):
     connection gets 408 and is closed (``connections.py``). Applies when served through
     ``uvicorn_config``."""
     send_timeout: float = Field(default=30.0, gt=0, le=3600)
-    """Seconds an answer the client holds back (its buffer over the high-water mark) may
-    go without shrinking; past that the connection is dropped with what it holds
+    """Seconds an answer the client holds back (anything of it buffered) may go without
+    shrinking; past that the connection is dropped with what it holds
     (``connections.py``). Applies when served through ``uvicorn_config``."""
     max_connections: int | None = Field(default=1024, ge=1)
     """Most connections open at once; a new one past it gets 504 and is closed at once.

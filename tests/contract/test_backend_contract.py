@@ -487,8 +487,18 @@ class TestBackendContract:
 
     def test_a_file_left_open_is_flushed_before_it_is_fetched(self, sandbox: Sandbox) -> None:
         code = "f = open('answer.txt', 'w')\nf.write('42\\n')\nprint('wrote')"
-        result = sandbox.run_code(code, fetch=["answer.txt"])
-        assert result.files == {"answer.txt": b"42\n"}, result
+        for around in ("", "\ndef helper():\n    return f\n"):  # a function: a cycle
+            result = sandbox.run_code(code + around, fetch=["answer.txt"])
+            assert result.files == {"answer.txt": b"42\n"}, (around, result)
+
+    def test_an_excepthook_that_exits_chooses_the_status(self, sandbox: Sandbox) -> None:
+        code = "import sys\nsys.excepthook = lambda *a: sys.exit(5)\nraise ValueError('v')"
+        result = sandbox.run_code(code)
+        assert (result.returncode, result.stdout, result.stderr) == (5, "", ""), result
+
+    def test_code_that_deletes_the_unraisable_hook_ends_as_usual(self, sandbox: Sandbox) -> None:
+        result = sandbox.run_code("import sys\ndel sys.unraisablehook\nprint('hi')")
+        assert (result.outcome, result.stdout, result.stderr) == (Outcome.SUCCESS, "hi\n", "")
 
     def test_a_failing_excepthook_is_reported_as_python3_reports_it(self, sandbox: Sandbox) -> None:
         code = "import sys\nsys.excepthook = lambda *a: 1/0\nraise ValueError('v')"

@@ -45,14 +45,15 @@ def verl_body(code: str, **overrides: Any) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def serve(app: Any, *, startup_timeout: float = 120.0) -> Iterator[str]:
-    """Run ``app`` under uvicorn in a thread; yield its base URL; stop it after."""
+def serve(app: Any, *, startup_timeout: float = 120.0, **options: Any) -> Iterator[str]:
+    """Run ``app`` under uvicorn in a thread; yield its base URL; stop it after.
+    ``options`` go to ``uvicorn.Config`` (``timeout_keep_alive``, ...)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     # As `retool-exec serve` runs it: the header timeout and connection bound apply.
-    config = uvicorn_config(app, log_level="warning", lifespan="on", loop="asyncio")
+    config = uvicorn_config(app, log_level="warning", lifespan="on", loop="asyncio", **options)
     server = uvicorn.Server(config)
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name=f"uvicorn-{port}", daemon=True

@@ -182,7 +182,9 @@ def test_open_connections_are_bounded() -> None:
             time.sleep(0.05)
 
 
-def _unread_answer(port: int, *, read_every: float | None, seconds: float) -> tuple[bool, int, int]:
+def _unread_answer(
+    port: int, *, read_every: float | None, seconds: float, close: bool = False
+) -> tuple[bool, int, int]:
     """Ask for a large answer on a connection with a tiny receive buffer and read it only
     ``read_every`` seconds 16 KiB at a time (None: never): (closed by the server,
     bytes received, the answer's length)."""
@@ -192,6 +194,7 @@ def _unread_answer(port: int, *, read_every: float | None, seconds: float) -> tu
         sock.connect(("127.0.0.1", port))
         sock.sendall(
             b"POST /run_code HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            + (b"Connection: close\r\n" if close else b"")
             + f"Content-Length: {len(body)}\r\n\r\n".encode()
             + body
         )
@@ -219,16 +222,25 @@ def _unread_answer(port: int, *, read_every: float | None, seconds: float) -> tu
     return closed, len(answer), length
 
 
-def test_an_answer_the_client_never_reads_is_dropped_after_the_send_timeout() -> None:
+@pytest.mark.parametrize(
+    ("keep_alive", "close"),
+    [(5.0, False), (0.3, False), (5.0, True)],
+    ids=["sending", "closing-after-keep-alive", "connection-close"],
+)
+def test_an_answer_the_client_never_reads_is_dropped_after_the_send_timeout(
+    keep_alive: float, close: bool
+) -> None:
     """A client that never read held the connection and the whole answer's memory for as
-    long as it liked, past every other timeout (twentieth red-team round)."""
+    long as it liked, past every other timeout (twentieth red-team round); a transport
+    already closing (keep-alive's end, ``Connection: close``) waited for it just as long."""
     big = FakeBackend(lambda _request: "\x01" * (1 << 20))  # ~6 MB of JSON
     settings = ServerSettings(token=None, send_timeout=1.0)
-    with serve(create_app(big, settings=settings)) as url:
+    app = create_app(big, settings=settings)
+    with serve(app, timeout_keep_alive=keep_alive) as url:
         port = int(url.rsplit(":", 1)[1])
         started = time.monotonic()
-        closed, got, length = _unread_answer(port, read_every=None, seconds=2.5)
-        assert closed and time.monotonic() - started < 8
+        closed, got, length = _unread_answer(port, read_every=None, seconds=3.5, close=close)
+        assert closed and time.monotonic() - started < 9
         assert got < length or length == -1  # cut short: dropped with what it held
 
 

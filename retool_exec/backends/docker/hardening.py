@@ -239,7 +239,9 @@ HOST_SYS_PATHS = (
 def host_sys_paths(sysfs: str = SYSFS) -> tuple[str, ...]:
     """Every entry of this machine's ``/sys`` outside ``SYS_VISIBLE``, each CPU's
     ``CPU_HIDDEN`` directories, and ``HOST_SYS_PATHS``: masked (a path the container's
-    kernel lacks is skipped by the runtime)."""
+    kernel lacks is skipped by the runtime). Read from this machine's ``/sys``: with a
+    Docker daemon on another machine, that machine's entries are masked only where they
+    have the same names (``HOST_SYS_PATHS`` holds without any)."""
     found = set(HOST_SYS_PATHS)
     for parent, kept in SYS_VISIBLE.items():
         try:

@@ -978,6 +978,6 @@ CASES: tuple[Case, ...] = (
         exclusive=True,
         note="The agent takes a session's process for ended only by its exit status "
         "(sessions._ended), which the kernel gives once the last thread has ended, and kills "
-        "every session it reports lost before collecting that status.",
+        "the process of every session it reports lost before collecting that status.",
     ),
 )

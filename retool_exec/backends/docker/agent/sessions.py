@@ -380,8 +380,12 @@ def run_cell(sid: int, request: dict[str, Any]) -> dict[str, Any]:
     oom_after = sv.oom_kills()
     status = None
     if process.lost is not None:
-        if process.pid not in sv.exits:  # not reaped, so the pid is still its own
-            sv.signal_call(process.pid, signal.SIGKILL)  # a lost session never runs on
+        # Not reaped, so the pid is still its own (no other session of the family can
+        # have drawn it since: the pid counter would have had to come round).
+        if process.pid not in sv.exits:
+            # A lost session's process never runs on; what it started is the family's,
+            # ended with the family.
+            sv.signal_call(process.pid, signal.SIGKILL)
         status = _collect(process.pid)
         oom = oom_before is not None and oom_after is not None and oom_after > oom_before
         if oom:

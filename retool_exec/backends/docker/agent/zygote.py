@@ -492,7 +492,7 @@ def warm_up() -> None:
             exec(compile(WARM_UP_SOURCE, "<warm-up>", "exec", dont_inherit=True), namespace)
         except BaseException as exc:
             _print_exception(exc)
-        _finish(0, rehearsal=True)
+        _finish(0)
     except BaseException:
         pass  # best effort: the call itself will say what is wrong
     finally:
@@ -711,11 +711,11 @@ def run_user_code(source: str, script: str | None = None, *, auto_print: bool = 
     path = None
     if script is not None:  # as `python SCRIPT`: the file is in the working directory
         path = os.path.join(wire.WORKDIR, wire.check_relative_path(script))
+    gc.freeze()  # what exists now is the agent's: the end's collection visits the call's only
     namespace = _fresh_main(path)
     if path is not None:
         namespace["__file__"] = path
     status = 0
-    gc.freeze()  # what exists now is the agent's: the end's collection visits the call's only
     try:
         if auto_print:
             code = compile_auto_printed(source, "<sandbox>")
@@ -725,38 +725,39 @@ def run_user_code(source: str, script: str | None = None, *, auto_print: bool = 
     except SystemExit as exc:
         status = exit_status(exc)
     except BaseException as exc:
-        _print_exception(exc)
-        status = 1
-    del namespace  # ``__main__`` alone holds it now: its end frees what it holds
-    return _finish(status)
+        status = _print_exception(exc)
+    return _finish(status, namespace)
 
 
-def _print_exception(exc: BaseException) -> None:
-    tb = exc.__traceback__
-    # Drop the driver's frames, so tracebacks start at "<sandbox>" (or "<cell N>").
-    while tb is not None and not tb.tb_frame.f_code.co_filename.startswith("<"):
-        tb = tb.tb_next
+def _print_exception(exc: BaseException) -> int:
+    """Print ``exc`` as python3 does with an exception nothing caught: the status it
+    then exits with (1; an ``excepthook`` that raised ``SystemExit`` chooses its own)."""
     try:
+        tb = exc.__traceback__
+        # Drop the driver's frames, so tracebacks start at "<sandbox>" (or "<cell N>").
+        while tb is not None and not tb.tb_frame.f_code.co_filename.startswith("<"):
+            tb = tb.tb_next
         exc.__traceback__ = tb  # excepthook prints the exception's own traceback
         with _one_write(sys.stderr):
             sys.excepthook(type(exc), exc, tb)
+    except SystemExit as hook_exit:  # python3 exits with it, silently (handle_system_exit)
+        return exit_status(hook_exit)
     except BaseException as hook_error:
         _print_hook_failure(hook_error, exc)
+    return 1
 
 
 def _print_hook_failure(hook_error: BaseException, exc: BaseException) -> None:
     """As python3 reports an ``excepthook`` that raised (``_PyErr_PrintEx``): both
     exceptions, by the default hook. Before, nothing was printed (twentieth red-team
-    round); the hook's traceback starts at the hook, not in the agent."""
-    tb = hook_error.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(AGENT_DIRECTORY):
-        tb = tb.tb_next
-    hook_error.__traceback__ = tb  # the one the default hook shows
-    if hook_error.__context__ is exc:  # raised while ``exc`` was handled: by the agent
-        hook_error.__context__ = None
+    round); the hook's traceback starts at the hook, not in the agent. Never raises:
+    the exceptions are the code's, and so are their attributes."""
     try:
+        hook_error.__traceback__ = _without_agent_frames(hook_error.__traceback__)
+        if hook_error.__context__ is exc:  # raised while ``exc`` was handled: by the agent
+            hook_error.__context__ = None
         sys.stderr.write("Error in sys.excepthook:\n")
-        sys.__excepthook__(type(hook_error), hook_error, tb)
+        sys.__excepthook__(type(hook_error), hook_error, hook_error.__traceback__)
         sys.stderr.write("\nOriginal exception was:\n")
         sys.__excepthook__(type(exc), exc, exc.__traceback__)
     except BaseException:
@@ -788,15 +789,16 @@ class _one_write:
             self.stream.reconfigure(line_buffering=True)  # which flushes
 
 
-def _finish(status: int, rehearsal: bool = False) -> int:
+def _finish(status: int, namespace: dict[str, Any] | None = None) -> int:
     """End as ``python3`` does (``Py_FinalizeEx``): join the threads, run the at-exit
-    functions, flush, drop ``__main__`` and collect what it held, flush again.
+    functions, flush, clear ``__main__`` and collect what it held, flush again.
 
     Why the last two: ``os._exit`` skips them, and so a file the code left open lost
     what it had buffered (a grader fetching ``answer.txt`` read it empty), an object's
     ``__del__`` and a generator's ``finally`` never ran, where python3 and the local
-    backend ran them (twentieth red-team round). ``rehearsal`` (``warm_up``): all of it
-    but the at-exit functions, which run once, and ``__main__``, which is the agent's.
+    backend ran them (twentieth red-team round). ``namespace`` None (``warm_up``'s
+    rehearsal): no at-exit functions, which run once, and nothing of ``__main__``,
+    which is the agent's.
     """
     for thread in threading.enumerate():
         if thread is not threading.main_thread() and not thread.daemon:
@@ -808,19 +810,34 @@ def _finish(status: int, rehearsal: bool = False) -> int:
         try:
             import atexit
 
-            if not rehearsal:
+            if namespace is not None:
                 atexit._run_exitfuncs()
         except BaseException:
             pass
         _flush()
         try:
-            if not rehearsal:
-                sys.modules.pop("__main__", None)  # the last reference to the call's namespace
-            gc.collect()  # what cycles hold: the zygote's own objects are frozen, not visited
+            if namespace is not None:
+                sys.modules["__main__"] = None  # type: ignore[assignment]  # as CPython's end
+                _clear_namespace(namespace)
+            gc.collect()  # what cycles held: the zygote's own objects are frozen, not visited
         except BaseException:
             pass
     _flush()
     return status
+
+
+def _clear_namespace(namespace: dict[str, Any]) -> None:
+    """Release what a module holds as CPython does at the end (``_PyModule_ClearDict``):
+    names of one leading underscore first, then every other but ``__builtins__``, each set
+    to None, so objects go by their reference counts in that order. Why not only a
+    collection: the collector finalizes what it finds in no set order, and a text file
+    left open lost its buffered text when its binary buffer was closed first."""
+    for name in list(namespace):
+        if isinstance(name, str) and name[:1] == "_" and name[1:2] != "_":
+            namespace[name] = None
+    for name in list(namespace):
+        if name != "__builtins__":
+            namespace[name] = None
 
 
 AGENT_DIRECTORY = os.path.dirname(os.path.abspath(__file__))
@@ -833,25 +850,43 @@ class _unraisable_without_agent_frames:
     Why: reporting one that has no traceback of its own, CPython adds the frame that is
     running; python3 has none at its end, the agent has ``_finish``, and its path in the
     agent's archive reached the observation of a failed call (twentieth red-team round).
-    Whatever hook the code installed is called, with the trimmed traceback.
+    Whatever hook the code installed is called, with the trimmed traceback. Never
+    raises: the hook in place is the code's (it may have deleted it).
     """
 
     def __enter__(self) -> None:
-        self.previous = sys.unraisablehook
-        sys.unraisablehook = self.hook
+        self.previous = getattr(sys, "unraisablehook", None)
+        try:
+            sys.unraisablehook = self.hook
+        except BaseException:
+            pass
 
     def __exit__(self, *exc_info: object) -> None:
-        if sys.unraisablehook == self.hook:
-            sys.unraisablehook = self.previous
+        try:
+            if getattr(sys, "unraisablehook", None) is self.hook:
+                sys.unraisablehook = self.previous  # type: ignore[assignment]
+        except BaseException:
+            pass
 
     def hook(self, unraisable: Any) -> None:
-        tb = unraisable.exc_traceback
-        while tb is not None and tb.tb_frame.f_code.co_filename.startswith(AGENT_DIRECTORY):
-            tb = tb.tb_next
         trimmed = type(unraisable)(
-            (unraisable.exc_type, unraisable.exc_value, tb, unraisable.err_msg, unraisable.object)
+            (
+                unraisable.exc_type,
+                unraisable.exc_value,
+                _without_agent_frames(unraisable.exc_traceback),
+                unraisable.err_msg,
+                unraisable.object,
+            )
         )
-        self.previous(trimmed)
+        hook = self.previous if self.previous is not None else sys.__unraisablehook__
+        hook(trimmed)
+
+
+def _without_agent_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """``tb`` from its first frame that is not the agent's own."""
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(AGENT_DIRECTORY + "/"):
+        tb = tb.tb_next
+    return tb
 
 
 def _flush() -> None:
@@ -868,8 +903,8 @@ def run_cells(request_sock: socket.socket, count: int) -> int:
     The supervisor sends cell ``k + 1`` only once this process reported cell
     ``k`` ended; each cell's output lands in its own pipes.
     """
-    namespace = _fresh_main()
     gc.freeze()  # what exists now is the agent's: the end's collection visits the calls' only
+    namespace = _fresh_main()
     # The call's own pipes: between cells and after the last, what the interpreter writes
     # is the call's stdout and stderr (the server's ``driver``), as on the local backend.
     driver = (os.dup(1), os.dup(2))
@@ -882,8 +917,7 @@ def run_cells(request_sock: socket.socket, count: int) -> int:
         _one_cell(
             str(cell.get("code", "")), namespace, index, token, print_error=False, after=driver
         )
-    del namespace  # ``__main__`` alone holds it now: its end frees what it holds
-    return _finish(0)
+    return _finish(0, namespace)
 
 
 def run_session(request_sock: socket.socket) -> int:
@@ -1049,17 +1083,16 @@ def _one_cell(
     _flush()
     # This cell's pipes end here; stray writers (threads, children) hit ``after`` or
     # /dev/null, never a descriptor number reused by something else.
-    if after is None:
+    try:
+        if after is None:
+            raise OSError("no streams of its own: a session's cell")
+        os.dup2(after[0], 1)
+        os.dup2(after[1], 2)
+    except OSError:  # (a cell closed them: its writes between cells go nowhere)
         null = os.open(os.devnull, os.O_WRONLY)
         os.dup2(null, 1)
         os.dup2(null, 2)
         os.close(null)
-    else:
-        try:
-            os.dup2(after[0], 1)
-            os.dup2(after[1], 2)
-        except OSError:  # the cell closed them: as on the local backend, nothing to restore
-            pass
     # The token is this cell's (random, sent with it): an end a cell forges for a later
     # cell cannot carry that cell's token, which does not exist yet.
     _send_event(
