@@ -472,29 +472,96 @@ class TestBackendContract:
                 "print('working')",
                 "working\nclosed\n",
             ),
+            (
+                "import json\n"
+                "class Report:\n"
+                "    def __init__(self):\n"
+                "        self.me, self.items = self, [42]\n"
+                "    def __del__(self):\n"
+                "        print('report:', json.dumps(self.items))\n"
+                "r = Report()\n"
+                "print('done')",
+                "done\nreport: [42]\n",
+            ),
         ],
-        ids=["__del__", "generator-finally"],
+        ids=["__del__", "generator-finally", "cycle-sees-its-globals"],
     )
     def test_what_the_code_holds_is_finalized_at_its_end(
         self, sandbox: Sandbox, code: str, stdout: str
     ) -> None:
-        """python3 frees ``__main__``'s objects after the at-exit functions; the Docker
-        agent's ``os._exit`` skipped it (twentieth red-team round)."""
+        """python3 finalizes ``__main__`` after the at-exit functions: what only it held
+        first, its globals intact, then what is left; the Docker agent's ``os._exit``
+        skipped it, and its first emulation cleared the globals first (twentieth and
+        twenty-second red-team rounds). Expected: python3's own output."""
         result = sandbox.run_code(code)
         assert (result.outcome, result.stdout, result.stderr) == (Outcome.SUCCESS, stdout, ""), (
             result
         )
 
-    def test_a_file_left_open_is_flushed_before_it_is_fetched(self, sandbox: Sandbox) -> None:
-        code = "f = open('answer.txt', 'w')\nf.write('42\\n')\nprint('wrote')"
-        for around in ("", "\ndef helper():\n    return f\n"):  # a function: a cycle
-            result = sandbox.run_code(code + around, fetch=["answer.txt"])
-            assert result.files == {"answer.txt": b"42\n"}, (around, result)
+    def test_a_finalizer_that_ends_the_process_chooses_its_status(self, sandbox: Sandbox) -> None:
+        code = (
+            "import os\n"
+            "class Guard:\n"
+            "    def __init__(self):\n"
+            "        self.me = self\n"
+            "    def __del__(self):\n"
+            "        os._exit(0)\n"
+            "g = Guard()\n"
+            "raise ValueError('x')"
+        )
+        result = sandbox.run_code(code)
+        assert (result.returncode, result.stdout) == (0, ""), result
+        assert result.stderr.endswith("ValueError: x\n"), result
+
+    @pytest.mark.parametrize(
+        "code",
+        [
+            "f = open('answer.txt', 'w')\nf.write('42')",
+            "f = open('answer.txt', 'w')\nf.write('42')\ndef helper():\n    return f",
+            "files = [open('answer.txt', 'w')]\nfiles[0].write('42')\ndef helper():\n    pass",
+            "class Holder:\n"
+            "    def __init__(self):\n"
+            "        self.me, self.file = self, open('answer.txt', 'w')\n"
+            "        self.file.write('42')\n"
+            "h = Holder()",
+            "open('helper.py', 'w').write(\"f = open('answer.txt', 'w'); f.write('42')\")\n"
+            "import helper",
+        ],
+        ids=["global", "beside-a-function", "in-a-list", "in-a-cycle", "in-an-imported-module"],
+    )
+    def test_a_file_left_open_is_flushed_before_it_is_fetched(
+        self, sandbox: Sandbox, code: str
+    ) -> None:
+        """python3 writes what a file left open buffered, wherever ``__main__`` (or a
+        module it imported) holds it; a grader fetching it read it empty on Docker."""
+        result = sandbox.run_code(code, fetch=["answer.txt"])
+        assert result.files == {"answer.txt": b"42"}, result
 
     def test_an_excepthook_that_exits_chooses_the_status(self, sandbox: Sandbox) -> None:
         code = "import sys\nsys.excepthook = lambda *a: sys.exit(5)\nraise ValueError('v')"
         result = sandbox.run_code(code)
         assert (result.returncode, result.stdout, result.stderr) == (5, "", ""), result
+
+    def test_a_failing_unraisable_hook_at_the_end_shows_nothing_of_the_sandbox(
+        self, sandbox: Sandbox
+    ) -> None:
+        """The agent's wrapper around the code's hook, its repr and its path in the agent's
+        archive, reached the observation (twenty-second red-team round); python3 shows
+        nothing here."""
+        code = (
+            "import sys\n"
+            "def hook(unraisable):\n"
+            "    raise RuntimeError('my hook is buggy')\n"
+            "sys.unraisablehook = hook\n"
+            "class A:\n"
+            "    def __del__(self):\n"
+            "        raise ValueError('boom')\n"
+            "a = A()\n"
+            "a.me = a\n"
+            "print('end')"
+        )
+        result = sandbox.run_code(code)
+        assert (result.stdout, result.stderr) == ("end\n", ""), result
 
     def test_code_that_deletes_the_unraisable_hook_ends_as_usual(self, sandbox: Sandbox) -> None:
         result = sandbox.run_code("import sys\ndel sys.unraisablehook\nprint('hi')")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import _signal  # type: ignore[import-not-found]  # the C half of signal: no stub
 import array
+import atexit
 import builtins
 import errno
 import gc
@@ -39,6 +40,7 @@ import sys
 import threading
 import traceback
 import types
+import weakref
 from importlib.machinery import BuiltinImporter
 from typing import Any
 
@@ -712,6 +714,7 @@ def run_user_code(source: str, script: str | None = None, *, auto_print: bool = 
     if script is not None:  # as `python SCRIPT`: the file is in the working directory
         path = os.path.join(wire.WORKDIR, wire.check_relative_path(script))
     gc.freeze()  # what exists now is the agent's: the end's collection visits the call's only
+    before = frozenset(sys.modules)  # the call's own modules are finalized at its end
     namespace = _fresh_main(path)
     if path is not None:
         namespace["__file__"] = path
@@ -726,7 +729,8 @@ def run_user_code(source: str, script: str | None = None, *, auto_print: bool = 
         status = exit_status(exc)
     except BaseException as exc:
         status = _print_exception(exc)
-    return _finish(status, namespace)
+    del namespace  # ``__main__`` alone holds it now, as in python3 at its end
+    return _finish(status, before)
 
 
 def _print_exception(exc: BaseException) -> int:
@@ -789,16 +793,16 @@ class _one_write:
             self.stream.reconfigure(line_buffering=True)  # which flushes
 
 
-def _finish(status: int, namespace: dict[str, Any] | None = None) -> int:
+def _finish(status: int, before: frozenset[str] | None = None) -> int:
     """End as ``python3`` does (``Py_FinalizeEx``): join the threads, run the at-exit
-    functions, flush, clear ``__main__`` and collect what it held, flush again.
+    functions, flush, finalize the modules of the call, flush again.
 
     Why the last two: ``os._exit`` skips them, and so a file the code left open lost
     what it had buffered (a grader fetching ``answer.txt`` read it empty), an object's
     ``__del__`` and a generator's ``finally`` never ran, where python3 and the local
-    backend ran them (twentieth red-team round). ``namespace`` None (``warm_up``'s
-    rehearsal): no at-exit functions, which run once, and nothing of ``__main__``,
-    which is the agent's.
+    backend ran them (twentieth red-team round). ``before``: the modules there before
+    the code ran (the agent's, the zygote's); None (``warm_up``'s rehearsal): no at-exit
+    functions, which run once, and no module of the agent's is finalized.
     """
     for thread in threading.enumerate():
         if thread is not threading.main_thread() and not thread.daemon:
@@ -808,30 +812,95 @@ def _finish(status: int, namespace: dict[str, Any] | None = None) -> int:
                 pass
     with _unraisable_without_agent_frames():
         try:
-            import atexit
-
-            if namespace is not None:
+            if before is not None:
                 atexit._run_exitfuncs()
         except BaseException:
             pass
         _flush()
         try:
-            if namespace is not None:
-                sys.modules["__main__"] = None  # type: ignore[assignment]  # as CPython's end
-                _clear_namespace(namespace)
-            gc.collect()  # what cycles held: the zygote's own objects are frozen, not visited
+            if before is not None:
+                _finalize_modules(before)
+            else:
+                gc.collect()
         except BaseException:
             pass
     _flush()
     return status
 
 
+def _finalize_modules(before: frozenset[str]) -> None:
+    """CPython's ``finalize_modules`` for ``__main__`` and the modules the call imported:
+    each set to None in ``sys.modules``, a collection (what only they held is finalized,
+    their globals intact), then the dicts of those still alive cleared as
+    ``_PyModule_ClearDict`` does, in reverse order, and a last collection.
+
+    Why this order: clearing first made a ``__del__`` in a cycle see its globals as None
+    (a report it printed with ``json`` failed; ``os._exit`` in one failed); collecting
+    alone leaves what a module kept alive unfinalized (a text file an imported module
+    left open lost its buffered text); the twenty-second red-team round's comparison."""
+    main = sys.modules.get("__main__")
+    if isinstance(main, types.ModuleType):
+        _flush_files_held_by(main.__dict__)
+    main = None
+    alive = []
+    for name in [name for name in sys.modules if name == "__main__" or name not in before]:
+        module = sys.modules.get(name)
+        sys.modules[name] = None  # type: ignore[assignment]
+        if isinstance(module, types.ModuleType):
+            alive.append(weakref.ref(module))
+    module = None
+    gc.collect()  # the zygote's own objects are frozen, not visited
+    for ref in reversed(alive):
+        module = ref()
+        if module is not None:
+            _clear_namespace(module.__dict__)
+    module = None
+    gc.collect()
+
+
+FLUSH_LOOKS = 10_000
+"""How many objects ``_flush_files_held_by`` looks at, at most."""
+
+
+def _flush_files_held_by(namespace: dict[str, Any]) -> None:
+    """Flush each open file ``__main__`` holds: in a global, in a container or an object
+    a global holds (two levels down).
+
+    Why: python3 writes what such a file buffered at its end, even when ``__main__`` is
+    in a cycle (a function defined beside the file); the collection that finalizes a
+    cycle here closed a file's binary buffer before the text file above it, and the text
+    was lost (the review of the twentieth round's fix). Flushing first keeps it, in
+    whatever order the collection then finalizes them.
+    """
+    looked = 0
+    level = list(namespace.values())
+    for _depth in range(3):
+        below: list[Any] = []
+        for value in level:
+            looked += 1
+            if looked > FLUSH_LOOKS:
+                return
+            try:
+                if isinstance(value, io.IOBase):
+                    if not value.closed and value.writable():
+                        value.flush()
+                elif isinstance(value, (list, tuple, set, frozenset)):
+                    below.extend(value)
+                elif isinstance(value, dict):
+                    below.extend(value.values())
+                elif type(value).__dictoffset__ and not isinstance(value, (type, types.ModuleType)):
+                    # (the instance's own dict: no __getattr__ or property of the code runs)
+                    below.extend(object.__getattribute__(value, "__dict__").values())
+            except BaseException:
+                pass  # the code's objects: their own failures
+        level = below
+
+
 def _clear_namespace(namespace: dict[str, Any]) -> None:
-    """Release what a module holds as CPython does at the end (``_PyModule_ClearDict``):
-    names of one leading underscore first, then every other but ``__builtins__``, each set
-    to None, so objects go by their reference counts in that order. Why not only a
-    collection: the collector finalizes what it finds in no set order, and a text file
-    left open lost its buffered text when its binary buffer was closed first."""
+    """Release what a module still holds as CPython does at the end
+    (``_PyModule_ClearDict``): names of one leading underscore first, then every other
+    but ``__builtins__``, each set to None, so objects go by their reference counts in
+    that order."""
     for name in list(namespace):
         if isinstance(name, str) and name[:1] == "_" and name[1:2] != "_":
             namespace[name] = None
@@ -879,7 +948,21 @@ class _unraisable_without_agent_frames:
             )
         )
         hook = self.previous if self.previous is not None else sys.__unraisablehook__
-        hook(trimmed)
+        try:
+            hook(trimmed)
+        except BaseException as failure:  # as CPython reports a hook that failed, but
+            # without this wrapper (its frame, its repr: the agent's path) in the report
+            sys.__unraisablehook__(
+                type(unraisable)(
+                    (
+                        type(failure),
+                        failure,
+                        _without_agent_frames(failure.__traceback__),
+                        "Exception ignored in sys.unraisablehook",
+                        hook,
+                    )
+                )
+            )
 
 
 def _without_agent_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
@@ -904,6 +987,7 @@ def run_cells(request_sock: socket.socket, count: int) -> int:
     ``k`` ended; each cell's output lands in its own pipes.
     """
     gc.freeze()  # what exists now is the agent's: the end's collection visits the calls' only
+    before = frozenset(sys.modules)  # the call's own modules are finalized at its end
     namespace = _fresh_main()
     # The call's own pipes: between cells and after the last, what the interpreter writes
     # is the call's stdout and stderr (the server's ``driver``), as on the local backend.
@@ -917,7 +1001,8 @@ def run_cells(request_sock: socket.socket, count: int) -> int:
         _one_cell(
             str(cell.get("code", "")), namespace, index, token, print_error=False, after=driver
         )
-    return _finish(0, namespace)
+    del namespace  # ``__main__`` alone holds it now, as in python3 at its end
+    return _finish(0, before)
 
 
 def run_session(request_sock: socket.socket) -> int:
