@@ -21,6 +21,7 @@ Zygote <-> supervisor messages (SOCK_SEQPACKET, one datagram each):
 
 from __future__ import annotations
 
+import _io
 import _signal  # type: ignore[import-not-found]  # the C half of signal: no stub
 import array
 import atexit
@@ -881,7 +882,7 @@ def _flush_files_held_by(namespace: dict[str, Any]) -> None:
             if looked > FLUSH_LOOKS:
                 return
             try:
-                if isinstance(value, io.IOBase):
+                if isinstance(value, _io._IOBase):  # (io.IOBase's C base: no ABC check)
                     if not value.closed and value.writable():
                         value.flush()
                 elif isinstance(value, (list, tuple, set, frozenset)):
