@@ -138,6 +138,9 @@ _BOOTSTRAP = (
     "    _retool_exc.with_traceback(_retool_exc.__traceback__.tb_next)\n"
     "    _retool_sys = __import__('sys')\n"
     "    try:\n"
+    "        if getattr(_retool_sys, 'excepthook', None) is None:\n"  # as python3 says it
+    "            _retool_sys.stderr.write('sys.excepthook is missing\\n')\n"
+    "            _retool_sys.excepthook = _retool_sys.__excepthook__\n"
     "        _retool_sys.excepthook(type(_retool_exc), _retool_exc, _retool_exc.__traceback__)\n"
     "    except SystemExit:\n"  # python3 exits with a hook's SystemExit, silently
     "        raise\n"

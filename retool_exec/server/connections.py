@@ -35,7 +35,10 @@ with this protocol and the app's settings; ``retool-exec serve`` uses it.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
+import sys
+import termios
 from typing import Any, ClassVar
 
 import h11
@@ -141,18 +144,44 @@ class GuardedH11Protocol(H11Protocol):
         super().timeout_keep_alive_handler()
         self._watch_sending()  # closing waits for what is buffered: it must leave too
 
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._watch_sending()
+
     def _watch_sending(self) -> None:
         """While anything of an answer is buffered (the response complete or not, the
-        transport closing or not), check every ``send_timeout`` that it shrinks."""
-        if self._send_timer is None and self.transport.get_write_buffer_size() > 0:
-            self._send_buffered = self.transport.get_write_buffer_size()
-            self._send_timer = self.loop.call_later(self.send_timeout, self._check_sending)
+        transport closing or not), check every ``send_timeout`` that it shrinks. A watch
+        already running goes on unless more is buffered now than it started from (a
+        next answer on the connection): then it starts again from there."""
+        if self.transport.get_write_buffer_size() == 0:
+            return  # nothing held here (what the kernel holds, it sends or drops itself)
+        buffered = self._unsent()
+        if self._send_timer is not None and buffered <= self._send_buffered:
+            return
+        self._stop_send_timer()
+        self._send_buffered = buffered
+        self._send_timer = self.loop.call_later(self.send_timeout, self._check_sending)
+
+    def _unsent(self) -> int:
+        """Bytes of answers not sent yet: the transport's buffer and the socket's queue.
+
+        Why the queue too: the kernel says a socket is writable again only once a good
+        part of its send buffer is free (megabytes, autotuned), so a client reading
+        steadily left the transport's buffer unchanged for seconds, and was dropped."""
+        unsent = self.transport.get_write_buffer_size()
+        sock = self.transport.get_extra_info("socket")
+        try:
+            queued = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, bytes(4))  # SIOCOUTQ
+            unsent += int.from_bytes(queued, sys.byteorder, signed=True)
+        except (AttributeError, OSError, ValueError):
+            pass
+        return unsent
 
     def _check_sending(self) -> None:
         self._send_timer = None
-        buffered = self.transport.get_write_buffer_size()
-        if buffered == 0:
-            return  # all of it left: watched again if more is held back
+        if self.transport.get_write_buffer_size() == 0:
+            return  # all of it left here: watched again if more is held back
+        buffered = self._unsent()
         if buffered < self._send_buffered:  # the client reads, however slowly
             self._send_buffered = buffered
             self._send_timer = self.loop.call_later(self.send_timeout, self._check_sending)

@@ -498,6 +498,64 @@ class TestBackendContract:
             result
         )
 
+    @pytest.mark.parametrize(
+        ("code", "stdout"),
+        [
+            (
+                "import threading, time\n"
+                "def late():\n"
+                "    time.sleep(0.3)\n"
+                "    print('late')\n"
+                "threading.Thread(target=late).start()\n"
+                "print('main')",
+                "main\nlate\n",
+            ),
+            (
+                "from concurrent.futures import ThreadPoolExecutor\n"
+                "pool = ThreadPoolExecutor(2)\n"
+                "print(pool.submit(pow, 2, 10).result())",
+                "1024\n",
+            ),
+        ],
+        ids=["a-thread-outlives-main", "an-executor-left-open"],
+    )
+    def test_threads_end_as_in_python3(self, sandbox: Sandbox, code: str, stdout: str) -> None:
+        """An executor the code did not shut down kept the Docker call to its time limit
+        (its workers wait for python3's threading atexits, which the agent did not run)."""
+        started = time.monotonic()
+        result = sandbox.run_code(code, timeout=8)
+        assert (result.outcome, result.stdout) == (Outcome.SUCCESS, stdout), result
+        assert time.monotonic() - started < 5
+
+    def test_a_deleted_excepthook_is_reported_as_python3_reports_it(self, sandbox: Sandbox) -> None:
+        result = sandbox.run_code("import sys\ndel sys.excepthook\nraise ValueError('v')")
+        assert result.returncode == 1
+        assert result.stderr.startswith("sys.excepthook is missing\nTraceback"), result
+        assert result.stderr.endswith("ValueError: v\n"), result
+
+    @pytest.mark.parametrize(
+        "code",
+        [
+            "lines = ['log = open(\"answer.txt\", \"w\")', 'log.write(\"42\")', 'def f():',"
+            " '    return log']\n"
+            "open('helper.py', 'w').write('\\n'.join(lines) + '\\n')\n"
+            "import helper",
+            "class Box:\n"
+            "    pass\n"
+            "b = Box()\n"
+            "b.inner = Box()\n"
+            "b.inner.inner = Box()\n"
+            "b.inner.inner.f = open('answer.txt', 'w')\n"
+            "b.inner.inner.f.write('42')\n"
+            "def helper():\n"
+            "    return b",
+        ],
+        ids=["an-imported-module-beside-a-function", "three-levels-down"],
+    )
+    def test_a_file_held_further_away_is_flushed_too(self, sandbox: Sandbox, code: str) -> None:
+        result = sandbox.run_code(code, fetch=["answer.txt"])
+        assert result.files == {"answer.txt": b"42"}, result
+
     def test_a_finalizer_that_ends_the_process_chooses_its_status(self, sandbox: Sandbox) -> None:
         code = (
             "import os\n"

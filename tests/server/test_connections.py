@@ -251,3 +251,33 @@ def test_an_answer_read_slowly_but_steadily_is_sent_whole() -> None:
         port = int(url.rsplit(":", 1)[1])
         closed, got, length = _unread_answer(port, read_every=0.02, seconds=30)
         assert got == length > 1 << 20, (closed, got, length)
+
+
+def test_a_second_larger_answer_read_steadily_on_the_same_connection_is_sent_whole() -> None:
+    """The watch of the first answer, still running, judged the second against the first's
+    smaller mark and dropped a client that was reading (the review of the fix)."""
+    sized = FakeBackend(lambda request: "\x01" * int(request.code))
+    settings = ServerSettings(token=None, send_timeout=1.0)
+    with serve(create_app(sized, settings=settings)) as url:
+        port = int(url.rsplit(":", 1)[1])
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", port))
+            sock.settimeout(10)
+            for size in (1 << 17, 1 << 19):
+                body = b'{"code": "%d"}' % size
+                sock.sendall(
+                    b"POST /run_code HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
+                received = b""
+                while b"\r\n\r\n" not in received:
+                    received += sock.recv(16384)
+                head, _, answer = received.partition(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                while len(answer) < length:
+                    time.sleep(0.01)  # steadily, ~1.6 MB/s
+                    chunk = sock.recv(16384)
+                    assert chunk, f"dropped after {len(answer)} of {length} bytes"
+                    answer += chunk

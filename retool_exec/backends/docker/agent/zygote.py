@@ -29,6 +29,7 @@ import builtins
 import errno
 import gc
 import io
+import itertools
 import json
 import locale
 import os
@@ -475,7 +476,8 @@ def warm_up() -> None:
     already been through the call's own steps pays those traps while it waits, not
     on the call's path: decoding a request, compile and exec, a ``print`` through the
     same stream classes as the call's stdout down to a ``write``, an error's
-    traceback through ``_print_exception``, and the end (``_finish``).
+    traceback through ``_print_exception``, and the end (``_finish``, and the look for
+    files to flush; not the finalization of ``__main__``, which is the agent's here).
     Measured in the image (``python benchmarks/child_faults.py --runtime runsc
     --timed``, alternated with the agent before): request to end of output 6.5-10 ms
     with only a ``print`` rehearsed, 3.7-5.6 ms with all of it; ``1/0`` 12.9 -> 5.5 ms.
@@ -495,6 +497,7 @@ def warm_up() -> None:
             exec(compile(WARM_UP_SOURCE, "<warm-up>", "exec", dont_inherit=True), namespace)
         except BaseException as exc:
             _print_exception(exc)
+        _flush_files_held_by(namespace)
         _finish(0)
     except BaseException:
         pass  # best effort: the call itself will say what is wrong
@@ -743,6 +746,10 @@ def _print_exception(exc: BaseException) -> int:
         while tb is not None and not tb.tb_frame.f_code.co_filename.startswith("<"):
             tb = tb.tb_next
         exc.__traceback__ = tb  # excepthook prints the exception's own traceback
+        if getattr(sys, "excepthook", None) is None:  # the code deleted it: as python3
+            sys.stderr.write("sys.excepthook is missing\n")
+            sys.__excepthook__(type(exc), exc, tb)
+            return 1
         with _one_write(sys.stderr):
             sys.excepthook(type(exc), exc, tb)
     except SystemExit as hook_exit:  # python3 exits with it, silently (handle_system_exit)
@@ -805,28 +812,54 @@ def _finish(status: int, before: frozenset[str] | None = None) -> int:
     the code ran (the agent's, the zygote's); None (``warm_up``'s rehearsal): no at-exit
     functions, which run once, and no module of the agent's is finalized.
     """
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
+    if before is not None:
+        _end_threads()
+    try:
+        with _unraisable_without_agent_frames():
             try:
-                thread.join()
+                if before is not None:
+                    atexit._run_exitfuncs()
             except BaseException:
                 pass
-    with _unraisable_without_agent_frames():
-        try:
-            if before is not None:
-                atexit._run_exitfuncs()
-        except BaseException:
-            pass
+            _flush()
+            try:
+                if before is not None:
+                    _finalize_modules(before)
+                else:
+                    gc.collect()
+            except BaseException:
+                pass
+    except BaseException:
+        pass  # (a signal handler of the code's, raising here: the status stands)
+    finally:
         _flush()
-        try:
-            if before is not None:
-                _finalize_modules(before)
-            else:
-                gc.collect()
-        except BaseException:
-            pass
-    _flush()
     return status
+
+
+def _end_threads() -> None:
+    """As python3's ``threading._shutdown``: the threading module's at-exit calls first,
+    then every thread but the daemons joined.
+
+    Why the calls: ``concurrent.futures`` wakes the workers of an executor the code left
+    open with one; joining them without it kept the call to its time limit, where python3
+    exits at once (the review of the twenty-second round). Not ``_shutdown`` itself: it
+    expects the main thread's state of a process ``os.fork`` made, and a call's process
+    is a copy made by ``forking``."""
+    try:
+        threading._SHUTTING_DOWN = True  # type: ignore[attr-defined]  # no new ones now
+        for call in reversed(list(threading._threading_atexits)):  # type: ignore[attr-defined]
+            try:
+                call()
+            except BaseException:
+                pass
+        for thread in threading.enumerate():
+            if thread is not threading.main_thread() and not thread.daemon:
+                try:
+                    thread.join()
+                except BaseException:
+                    pass
+    except BaseException:
+        pass  # (a signal handler of the code's, raising here: the status stands)
 
 
 def _finalize_modules(before: frozenset[str]) -> None:
@@ -839,62 +872,94 @@ def _finalize_modules(before: frozenset[str]) -> None:
     (a report it printed with ``json`` failed; ``os._exit`` in one failed); collecting
     alone leaves what a module kept alive unfinalized (a text file an imported module
     left open lost its buffered text); the twenty-second red-team round's comparison."""
-    main = sys.modules.get("__main__")
-    if isinstance(main, types.ModuleType):
-        _flush_files_held_by(main.__dict__)
-    main = None
+    names = [name for name in list(sys.modules) if name == "__main__" or name not in before]
+    for name in names:  # what the collection below finalizes in no set order
+        module = sys.modules.get(name)
+        if isinstance(module, types.ModuleType):
+            _flush_files_held_by(_module_dict(module))
     alive = []
-    for name in [name for name in sys.modules if name == "__main__" or name not in before]:
+    for name in names:
         module = sys.modules.get(name)
         sys.modules[name] = None  # type: ignore[assignment]
         if isinstance(module, types.ModuleType):
             alive.append(weakref.ref(module))
     module = None
     gc.collect()  # the zygote's own objects are frozen, not visited
+    if threading.active_count() > 1:
+        return  # a daemon thread runs on (python3 stops them): no globals taken from it
     for ref in reversed(alive):
         module = ref()
         if module is not None:
-            _clear_namespace(module.__dict__)
+            _clear_namespace(_module_dict(module))
     module = None
     gc.collect()
 
 
+def _module_dict(module: types.ModuleType) -> dict[str, Any]:
+    """A module's own dict, without its class's ``__getattribute__`` (a lazy module's
+    would import it now)."""
+    namespace: dict[str, Any] = object.__getattribute__(module, "__dict__")
+    return namespace
+
+
 FLUSH_LOOKS = 10_000
 """How many objects ``_flush_files_held_by`` looks at, at most."""
+FLUSH_DEPTH = 6
+"""How far below a module's globals it looks (an object's attributes: one level)."""
+FLUSHED_TYPES = (_io.TextIOWrapper, _io.BufferedWriter, _io.BufferedRandom)
+"""The files whose buffers ``_flush_files_held_by`` flushes: the C ones, whose ``flush``
+runs none of the code's methods."""
+CONTAINER_TYPES = (list, tuple, set, frozenset)
 
 
 def _flush_files_held_by(namespace: dict[str, Any]) -> None:
-    """Flush each open file ``__main__`` holds: in a global, in a container or an object
-    a global holds (two levels down).
+    """Flush each open file a module holds: in a global, or below one in built-in
+    containers and objects' attributes (``FLUSH_DEPTH`` levels down, ``FLUSH_LOOKS``
+    objects at most).
 
-    Why: python3 writes what such a file buffered at its end, even when ``__main__`` is
-    in a cycle (a function defined beside the file); the collection that finalizes a
-    cycle here closed a file's binary buffer before the text file above it, and the text
-    was lost (the review of the twentieth round's fix). Flushing first keeps it, in
-    whatever order the collection then finalizes them.
+    Why: python3 writes what such a file buffered at its end, even when the module is in
+    a cycle (a function defined beside the file); the collection that finalizes a cycle
+    here closed a file's binary buffer before the text file above it, and the text was
+    lost (the review of the twentieth round's fix). Flushing first keeps it, in whatever
+    order the collection then finalizes them. Only exact built-in types are looked into
+    and flushed: none of the code's methods (``__iter__``, ``__class__``, a lazy
+    module's loading) runs here, where python3 runs none.
     """
     looked = 0
-    level = list(namespace.values())
-    for _depth in range(3):
+    level: list[Any] = [namespace]
+    for _depth in range(FLUSH_DEPTH + 1):
         below: list[Any] = []
         for value in level:
             looked += 1
             if looked > FLUSH_LOOKS:
                 return
+            cls = type(value)
             try:
-                if isinstance(value, _io._IOBase):  # (io.IOBase's C base: no ABC check)
-                    if not value.closed and value.writable():
+                if cls in FLUSHED_TYPES:
+                    if not value.closed:
                         value.flush()
-                elif isinstance(value, (list, tuple, set, frozenset)):
-                    below.extend(value)
-                elif isinstance(value, dict):
-                    below.extend(value.values())
-                elif type(value).__dictoffset__ and not isinstance(value, (type, types.ModuleType)):
-                    # (the instance's own dict: no __getattr__ or property of the code runs)
-                    below.extend(object.__getattribute__(value, "__dict__").values())
+                elif cls in CONTAINER_TYPES:
+                    below.extend(itertools.islice(value, FLUSH_LOOKS - looked))
+                elif cls is dict:
+                    below.extend(itertools.islice(dict.values(value), FLUSH_LOOKS - looked))
+                elif _plain_dict_of(cls):
+                    attributes = object.__getattribute__(value, "__dict__")
+                    below.extend(itertools.islice(dict.values(attributes), FLUSH_LOOKS - looked))
             except BaseException:
                 pass  # the code's objects: their own failures
         level = below
+
+
+def _plain_dict_of(cls: type) -> bool:
+    """Whether instances of ``cls`` keep their attributes in a plain dict (its ``__dict__``
+    is the interpreter's own descriptor, not a property of the code's)."""
+    if cls is type or issubclass(cls, (type, types.ModuleType)):
+        return False
+    for klass in cls.__mro__:
+        descriptor = klass.__dict__.get("__dict__")
+        if descriptor is not None:
+            return type(descriptor) is types.GetSetDescriptorType
+    return False
 
 
 def _clear_namespace(namespace: dict[str, Any]) -> None:
