@@ -644,16 +644,19 @@ class TestBackendContract:
     def test_an_at_exit_function_s_exception_shows_no_frame_of_the_sandbox(
         self, sandbox: Sandbox
     ) -> None:
+        """The agent's ``_finish`` frame, with its path in the agent's archive, reached
+        this observation; the rest is the interpreter's own (3.10 and later report an
+        at-exit function's SystemExit, 3.9 ignores it: a foreign image may run 3.9)."""
         code = "import atexit, sys\natexit.register(sys.exit, 6)\n1/0"
         result = sandbox.run_code(code)
         assert (result.outcome, result.returncode) == (Outcome.ERROR, 1)
-        assert result.stderr == (
+        traceback = (
             "Traceback (most recent call last):\n"
             '  File "<sandbox>", line 3, in <module>\n'
             "ZeroDivisionError: division by zero\n"
-            "Exception ignored in atexit callback: <built-in function exit>\n"
-            "SystemExit: 6\n"
-        ), result
+        )
+        reported = "Exception ignored in atexit callback: <built-in function exit>\nSystemExit: 6\n"
+        assert result.stderr in (traceback, traceback + reported), result
 
     def test_the_std_streams_are_python3_s(self, sandbox: Sandbox, backend_id: str) -> None:
         code = (

@@ -975,7 +975,9 @@ def _clear_namespace(namespace: dict[str, Any]) -> None:
             namespace[name] = None
 
 
-AGENT_DIRECTORY = os.path.dirname(os.path.abspath(__file__))
+AGENT_DIRECTORY = os.path.dirname(_finish.__code__.co_filename)
+"""Where the agent's frames say they are (no ``__file__``: an image without the agent
+loads it from the archive it is sent)."""
 
 
 class _unraisable_without_agent_frames:
