@@ -161,14 +161,7 @@ def test_sigterm_stops_a_docker_server_and_removes_its_containers() -> None:
         assert process.returncode == 0, stderr.decode()
         assert client.api.containers(all=True, filters=ours) == []
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
-        for container in client.api.containers(
-            all=True, filters={"label": f"{TEST_LABEL}={label}"}
-        ):
-            client.api.remove_container(container["Id"], force=True)
-        client.close()
+        _stop_and_sweep(process, client, {"label": f"{TEST_LABEL}={label}"})
 
 
 @pytest.mark.docker
@@ -196,9 +189,16 @@ def test_sigterm_while_the_pool_starts_removes_its_containers() -> None:
         assert process.returncode == 0, stderr.decode()
         assert client.api.containers(all=True, filters=ours) == []
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
-        for container in client.api.containers(all=True, filters=ours):
-            client.api.remove_container(container["Id"], force=True)
-        client.close()
+        _stop_and_sweep(process, client, ours)
+
+
+def _stop_and_sweep(
+    process: subprocess.Popen[bytes], client: docker.DockerClient, ours: dict[str, str]
+) -> None:
+    """Leave nothing behind: the server process, then any container it left."""
+    if process.poll() is None:
+        process.kill()
+        process.communicate()
+    for container in client.api.containers(all=True, filters=ours):
+        client.api.remove_container(container["Id"], force=True)
+    client.close()

@@ -43,6 +43,7 @@ import threading
 import traceback
 import types
 import weakref
+from collections.abc import Callable
 from importlib.machinery import BuiltinImporter
 from typing import Any
 
@@ -812,28 +813,29 @@ def _finish(status: int, before: frozenset[str] | None = None) -> int:
     the code ran (the agent's, the zygote's); None (``warm_up``'s rehearsal): no at-exit
     functions, which run once, and no module of the agent's is finalized.
     """
-    if before is not None:
-        _end_threads()
     try:
         with _unraisable_without_agent_frames():
-            try:
-                if before is not None:
-                    atexit._run_exitfuncs()
-            except BaseException:
-                pass
+            if before is not None:
+                _end_threads()
+                _quietly(atexit._run_exitfuncs)
             _flush()
-            try:
-                if before is not None:
-                    _finalize_modules(before)
-                else:
-                    gc.collect()
-            except BaseException:
-                pass
+            if before is not None:
+                _quietly(_finalize_modules, before)
+            else:
+                _quietly(gc.collect)
     except BaseException:
         pass  # (a signal handler of the code's, raising here: the status stands)
     finally:
         _flush()
     return status
+
+
+def _quietly(step: Callable[..., object], *args: Any) -> None:
+    """One step of the end: whatever the code's objects raise in it, the end goes on."""
+    try:
+        step(*args)
+    except BaseException:
+        pass
 
 
 def _end_threads() -> None:
@@ -845,21 +847,12 @@ def _end_threads() -> None:
     exits at once (the review of the twenty-second round). Not ``_shutdown`` itself: it
     expects the main thread's state of a process ``os.fork`` made, and a call's process
     is a copy made by ``forking``."""
-    try:
-        threading._SHUTTING_DOWN = True  # type: ignore[attr-defined]  # no new ones now
-        for call in reversed(list(threading._threading_atexits)):  # type: ignore[attr-defined]
-            try:
-                call()
-            except BaseException:
-                pass
-        for thread in threading.enumerate():
-            if thread is not threading.main_thread() and not thread.daemon:
-                try:
-                    thread.join()
-                except BaseException:
-                    pass
-    except BaseException:
-        pass  # (a signal handler of the code's, raising here: the status stands)
+    threading._SHUTTING_DOWN = True  # type: ignore[attr-defined]  # no new ones now
+    for call in reversed(list(threading._threading_atexits)):  # type: ignore[attr-defined]
+        _quietly(call)
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            _quietly(thread.join)
 
 
 def _finalize_modules(before: frozenset[str]) -> None:
