@@ -19,7 +19,10 @@ from retool_exec._errors import SessionsUnsupportedError
 from retool_exec._models import ExecResult
 from retool_exec.backends.docker.agent import wire
 
-__all__ = ["Backend", "RunRequest", "SessionHandle"]
+__all__ = ["MAX_STACK_MB", "Backend", "RunRequest", "SessionHandle"]
+
+MAX_STACK_MB = 1 << 16
+"""The largest ``RunRequest.stack_mb``: a bound on the number, far above any memory limit."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +41,13 @@ class RunRequest:
     """Wall-clock seconds; the CPU-time limit is ``int(timeout) + 5``."""
     memory_mb: int | None = None
     """Per-call memory cap where the backend supports one (clamped to its own)."""
+    stack_mb: int | None = None
+    """The soft stack limit (``RLIMIT_STACK``) of the code's process, in MiB; None: the
+    interpreter's (8 MiB on Linux, as for ``python3``). Deep recursion through C frames
+    (``functools.lru_cache``, generator expressions) needs more: SandboxFusion gives a
+    request's code ``memory_limit_MB`` of stack, and the server passes that on. Set in
+    the running interpreter, so threads keep their default stacks; the Docker backend
+    clamps it to the container's memory."""
     stdin: bytes | None = None
     """What the code reads from stdin (None: an empty stdin, as ``/dev/null``)."""
     files: Mapping[str, bytes] = field(default_factory=dict)
@@ -85,6 +95,8 @@ class RunRequest:
             raise ValueError(
                 f"fetch_budget of {self.fetch_budget} bytes; from 0 to {wire.MAX_FETCH_BYTES}"
             )
+        if self.stack_mb is not None and not 1 <= self.stack_mb <= MAX_STACK_MB:
+            raise ValueError(f"stack_mb of {self.stack_mb}; from 1 to {MAX_STACK_MB}")
         if self.cell_output_chars is not None and self.cell_output_chars < 0:
             raise ValueError(f"cell_output_chars of {self.cell_output_chars}; at least 0")
         object.__setattr__(self, "cells", tuple(self.cells))

@@ -117,6 +117,7 @@ _BOOTSTRAP = (
     "def _retool_boot():\n"
     "    import os, resource, sys\n"
     "    resource.setrlimit(resource.RLIMIT_CPU, ({cpu}, {cpu}))\n"
+    "    {stack}\n"
     "    source = sys.stdin.buffer.read()\n"
     "    {script}\n"
     "    fd = {stdin_fd}\n"
@@ -160,6 +161,18 @@ _BOOTSTRAP = (
 _COMPILE = "return compile(text, '<sandbox>', 'exec')"
 
 
+def _stack_limit(stack_mb: int | None) -> str:
+    """The child's line that sets its soft stack limit (``RunRequest.stack_mb``), as the
+    Docker agent's ``zygote._raise_soft`` does: never above the hard limit."""
+    if stack_mb is None:
+        return "pass"
+    return (
+        f"soft, hard = {stack_mb * 1024 * 1024}, resource.getrlimit(resource.RLIMIT_STACK)[1]; "
+        "resource.setrlimit(resource.RLIMIT_STACK, "
+        "(soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))"
+    )
+
+
 @functools.cache
 def _compile_auto_printed() -> str:
     """How the child compiles the code for ``auto_print``: with the Docker agent's own
@@ -183,6 +196,7 @@ _NOTEBOOK = (
     "def _retool_notebook(fd, cap):\n"
     "    import ast, json, os, resource, signal, socket, sys, traceback\n"
     "    resource.setrlimit(resource.RLIMIT_CPU, ({cpu}, {cpu}))\n"
+    "    {stack}\n"
     "    main = globals()\n"
     "    channel = socket.socket(fileno=fd)\n"
     "    armed = [False]\n"
@@ -622,6 +636,7 @@ class LocalSubprocessBackend(Backend):
         bootstrap = _BOOTSTRAP.format(
             compile=_compile_auto_printed() if request.auto_print else _COMPILE,
             cpu=request.cpu_seconds,
+            stack=_stack_limit(request.stack_mb),
             stdin_fd=-1 if stdin is None else stdin.fileno(),
             script=script,
         )
@@ -675,7 +690,12 @@ class LocalSubprocessBackend(Backend):
             return _failure(f"could not make the notebook's channel: {exc}", started)
         with host:
             with child:
-                driver = _NOTEBOOK.format(cpu=request.cpu_seconds, fd=child.fileno(), cap=limit)
+                driver = _NOTEBOOK.format(
+                    cpu=request.cpu_seconds,
+                    stack=_stack_limit(request.stack_mb),
+                    fd=child.fileno(),
+                    cap=limit,
+                )
                 try:
                     transport, _ = await loop.subprocess_exec(
                         lambda: capture,

@@ -109,6 +109,9 @@ class SandboxService:
                 code=request.code,
                 timeout=timeout,
                 memory_mb=memory,
+                # SandboxFusion's runner sets the stack limit to memory_limit_MB when one
+                # is given: deep recursion through C frames (lru_cache) passes there.
+                stack_mb=memory if request.memory_limit_MB > 0 else None,
                 stdin=stdin,
                 files=files.uploads,
                 fetch=files.fetch_paths,

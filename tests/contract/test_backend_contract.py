@@ -227,6 +227,37 @@ class TestBackendContract:
         )
         assert sandbox.run_code(code).stdout == "True True True\n"
 
+    def test_stack_mb_lets_recursion_through_c_frames_go_deeper(
+        self, sandbox: Sandbox, backend_id: str
+    ) -> None:
+        """``stack_mb`` raises the code's soft stack limit, as SandboxFusion's runner does
+        with ``memory_limit_MB``: a memoized recursion 30,000 deep segfaults in python3's
+        8 MiB and passes with 1 GiB, and threads still start (their stacks stay default).
+        gVisor sizes a process's stack when it starts, so there the limit changes nothing
+        (docs/server.md)."""
+        code = (
+            "import resource, sys, threading\n"
+            "from functools import lru_cache\n"
+            "sys.setrecursionlimit(10**6)\n"
+            "@lru_cache(None)\n"
+            "def depth(n):\n"
+            "    return 0 if n == 0 else depth(n - 1) + 1\n"
+            "print(resource.getrlimit(resource.RLIMIT_STACK)[0] >> 20, flush=True)\n"
+            "started = []\n"
+            "thread = threading.Thread(target=started.append, args=(1,))\n"
+            "thread.start(); thread.join()\n"
+            "print(started, depth(30000))\n"
+        )
+        plain = run_request(sandbox, RunRequest(code=code, timeout=20))
+        assert (plain.outcome, plain.returncode, plain.stdout) == (Outcome.SIGNAL, -11, "8\n")
+        deep = run_request(sandbox, RunRequest(code=code, timeout=20, stack_mb=1024))
+        if backend_id == "docker-runsc":
+            assert (deep.outcome, deep.stdout) == (Outcome.SIGNAL, "1024\n")
+        else:
+            assert (deep.outcome, deep.stdout) == (Outcome.SUCCESS, "1024\n[1] 30000\n")
+        with pytest.raises(ValueError, match="stack_mb"):
+            RunRequest(code="", timeout=1, stack_mb=0)
+
     def test_calls_are_stateless(self, sandbox: Sandbox) -> None:
         assert sandbox.run_code("x = 5\nprint(x)").stdout == "5\n"
         result = sandbox.run_code("print(x)")

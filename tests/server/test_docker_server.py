@@ -45,6 +45,23 @@ def test_memory_limit_mb_is_enforced_per_request(docker_url: str, client: httpx.
     assert roomy.json()["run_result"]["stdout"] == "allocated\n"
 
 
+def test_memory_limit_mb_is_also_the_stack_as_on_sandboxfusion(
+    docker_url: str, client: httpx.Client
+) -> None:
+    """SandboxFusion's runner sets the stack limit to ``memory_limit_MB`` (verl sends
+    1024): a correct memoized DFS 30,000 deep passes there and segfaulted here."""
+    code = (
+        "import sys\nfrom functools import lru_cache\nsys.setrecursionlimit(10**6)\n"
+        "@lru_cache(None)\ndef f(n):\n    return 0 if n == 0 else f(n - 1) + 1\n"
+        "print(f(int(input())))\n"
+    )
+    body = client.post(f"{docker_url}/run_code", json=verl_body(code, stdin="30000")).json()
+    assert (body["status"], body["run_result"]["stdout"]) == ("Success", "30000\n"), body
+    unlimited = verl_body(code, stdin="30000", memory_limit_MB=-1)  # SandboxFusion: 8 MiB
+    body = client.post(f"{docker_url}/run_code", json=unlimited).json()
+    assert (body["status"], body["run_result"]["return_code"]) == ("Failed", -11), body
+
+
 def test_container_oom_kill_is_finished_minus_9_failed(
     docker_url: str, client: httpx.Client
 ) -> None:

@@ -329,6 +329,8 @@ class DockerBackend(Backend):
             frame["auto_print"] = True
         if request.memory_mb is not None:
             frame["memory_mb"] = min(request.memory_mb, self.config.memory_mb)
+        if request.stack_mb is not None:
+            frame["stack_mb"] = min(request.stack_mb, self.config.memory_mb)
         if request.stdin is not None:
             frame["stdin"] = wire.b64encode(request.stdin)
         files = dict(request.files)

@@ -739,6 +739,7 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
         "cells": len(cells),
         "cpu_seconds": request.get("cpu_seconds", wire.DEFAULT_CPU_SECONDS),
         "memory_mb": request.get("memory_mb"),
+        "stack_mb": request.get("stack_mb"),
         "stdin": request.get("stdin"),
         "script": request.get("script"),
         "auto_print": request.get("auto_print") is True,

@@ -150,6 +150,7 @@ class RunFrame(TypedDict, total=False):
     timeout: float
     cpu_seconds: int
     memory_mb: int
+    stack_mb: int
     read_cap: int
     reset: bool
     stdin: str | None  # base64

@@ -405,6 +405,9 @@ def child_main(events_w: int, request_r: int, out_w: int, err_w: int, started_w:
         if memory_mb:
             data = int(memory_mb) * 1024 * 1024
             resource.setrlimit(resource.RLIMIT_DATA, (data, data))
+        stack_mb = request.get("stack_mb")
+        if stack_mb:
+            _raise_soft(resource.RLIMIT_STACK, int(stack_mb) * 1024 * 1024)
         _set_stdin(request.get("stdin"))
         if request.get("session") or request.get("cells"):
             Interrupts.between_cells()  # before the mark: the supervisor interrupts after it
@@ -549,6 +552,18 @@ def _lower(limit: int, value: int) -> None:
             resource.setrlimit(limit, (value, value))
         except (OSError, ValueError):
             pass
+
+
+def _raise_soft(limit: int, value: int) -> None:
+    """Set ``limit``'s soft value to ``value``, or to its hard value if that is lower.
+
+    Why for the stack: the running interpreter's main thread may then grow its stack
+    that far (up to the first mapping below it), while threads keep the default size
+    the C library took at the interpreter's start."""
+    _soft, hard = resource.getrlimit(limit)
+    if hard != resource.RLIM_INFINITY:
+        value = min(value, hard)
+    resource.setrlimit(limit, (value, hard))
 
 
 def _receive(sock: socket.socket, fds_wanted: int = 0) -> dict[str, Any]:
