@@ -79,8 +79,7 @@ class Admission:
         is over, ``ClientGone`` when the client left first.
         """
         if self.admitted >= self.max_concurrency + self.max_queue:
-            self.refused += 1
-            raise Overloaded(
+            raise self.refuse(
                 f"the server is at capacity ({self.max_concurrency} running, "
                 f"{self.max_queue} queued); retry later"
             )
@@ -109,8 +108,7 @@ class Admission:
             await self._slots.acquire()
             return
         if limit is not None and limit <= 0:
-            self.refused += 1
-            raise Overloaded(
+            raise self.refuse(
                 "every run slot is busy and the request leaves no time to wait "
                 "(its compile_timeout); retry later"
             )
@@ -131,8 +129,7 @@ class Admission:
                     self.abandoned += 1
                     raise ClientGone("the client disconnected while its request waited")
                 if deadline is not None and loop.time() >= deadline:
-                    self.refused += 1
-                    raise Overloaded(
+                    raise self.refuse(
                         f"no run slot became free within {limit:g} s (the most this "
                         "request may wait); retry later"
                     )
@@ -142,6 +139,11 @@ class Admission:
             else:
                 acquire.cancel()
             raise
+
+    def refuse(self, reason: str) -> Overloaded:
+        """The 504 for a request the server could not serve in time, counted."""
+        self.refused += 1
+        return Overloaded(reason)
 
     def metrics(self) -> dict[str, float]:
         """Gauges and counters for ``/v1/metrics``."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from retool_exec import FakeBackend, RunRequest, Sandbox
+from retool_exec import ExecResult, FakeBackend, RunRequest, Sandbox
 from retool_exec.server import ServerSettings, create_app
 from tests.server.conftest import serve, verl_body
 
@@ -93,7 +93,7 @@ def test_queue_wait_is_bounded_by_the_requests_own_timeouts() -> None:
         await asyncio.to_thread(gate.wait, 30)
         return "done\n"
 
-    settings = ServerSettings(max_concurrency=1, queue_timeout=2.0, max_run_timeout=5.0)
+    settings = ServerSettings(max_concurrency=1, queue_timeout=2.0, max_run_timeout=1.0)
     with serve(create_app(FakeBackend(held), settings=settings)) as url, httpx.Client() as http:
         holder = threading.Thread(
             target=lambda: httpx.post(f"{url}/run_code", json={"code": "1"}, timeout=40)
@@ -102,10 +102,10 @@ def test_queue_wait_is_bounded_by_the_requests_own_timeouts() -> None:
         try:
             _wait_for_metric(http, url, "server/running", 1)
             cases = [
-                (0.5, 5.0, 0.5),  # compile_timeout: Python compiles nothing, so it may wait
-                (0.0, 5.0, 0.0),  # no time to wait: 504 at once while the server is full
-                (0.0, 5.8, 0.8),  # run time the server clamps away (5.8 -> 5) is time too
-                (30.0, 5.0, 2.0),  # never longer than the server's queue_timeout
+                (0.5, 1.0, 1.0),  # compile_timeout (Python compiles nothing) + half the run
+                (0.0, 1.0, 0.5),  # no compile time: half the run time
+                (0.0, 1.8, 1.3),  # run time the server clamps away (1.8 -> 1) is time too
+                (30.0, 1.0, 2.0),  # never longer than the server's queue_timeout
             ]
             for compile_timeout, run_timeout, budget in cases:
                 started = time.monotonic()
@@ -118,6 +118,75 @@ def test_queue_wait_is_bounded_by_the_requests_own_timeouts() -> None:
         finally:
             gate.set()
             holder.join(30)
+
+
+@pytest.mark.parametrize(
+    ("code", "status"),
+    [
+        ("print(1)", 200),  # done in the time left: answered as if it had not waited
+        ("spin", 504),  # stopped at the shorter limit: the server's fault, retried by verl
+    ],
+)
+def test_a_request_that_waited_runs_with_what_is_left_of_its_time(code: str, status: int) -> None:
+    """Waiting past ``compile_timeout`` leaves the code the rest of ``compile_timeout +
+    run_timeout``; a TimeLimitExceeded is only ever earned with the whole ``run_timeout``.
+
+    Why: a client that does not retry a 504 (Reasoning360's coder1) lost a third of its
+    correct answers under a burst when a request could wait only ``compile_timeout``.
+    """
+    gate = threading.Event()
+    limits: list[float] = []
+
+    async def handler(request: RunRequest) -> ExecResult | str:
+        if request.code == "hold":
+            await asyncio.to_thread(gate.wait, 30)
+            return "held\n"
+        limits.append(request.timeout)
+        if request.code == "spin":
+            await asyncio.sleep(request.timeout)
+            return ExecResult(False, "", "", None, True, request.timeout)
+        return "1\n"
+
+    settings = ServerSettings(max_concurrency=1, queue_timeout=10.0)
+    with serve(create_app(FakeBackend(handler), settings=settings)) as url, httpx.Client() as http:
+        holder = threading.Thread(
+            target=lambda: httpx.post(f"{url}/run_code", json={"code": "hold"}, timeout=40)
+        )
+        holder.start()
+        try:
+            _wait_for_metric(http, url, "server/running", 1)
+            threading.Timer(1.0, gate.set).start()  # the request below waits ~1 s of its 1.5
+            body = verl_body(code, compile_timeout=0.5, run_timeout=2.0)
+            started = time.monotonic()
+            answer = http.post(f"{url}/run_code", json=body, timeout=30)
+            took = time.monotonic() - started
+            refused = http.get(f"{url}/v1/metrics").json()["server/refused"]
+        finally:
+            gate.set()
+            holder.join(30)
+    assert answer.status_code == status, answer.text
+    assert refused == (1 if status == 504 else 0)
+    assert limits and 1.0 < limits[0] < 1.75, limits  # 0.5 + 2.0 - ~1 s waited
+    assert took < 0.5 + 2.0 + 0.5  # within compile_timeout + run_timeout
+    if status == 504:
+        assert "the server was busy" in answer.json()["detail"]
+    else:
+        assert answer.json()["run_result"]["stdout"] == "1\n"
+
+
+def test_a_request_that_did_not_wait_long_keeps_its_whole_time_limit() -> None:
+    limits: list[float] = []
+
+    async def handler(request: RunRequest) -> ExecResult:
+        limits.append(request.timeout)
+        return ExecResult(False, "", "", None, True, request.timeout)
+
+    with serve(create_app(FakeBackend(handler))) as url, httpx.Client() as http:
+        body = verl_body("spin", compile_timeout=0.5, run_timeout=2.0)
+        answer = http.post(f"{url}/run_code", json=body, timeout=30)
+    assert answer.status_code == 200
+    assert answer.json()["run_result"]["status"] == "TimeLimitExceeded"
+    assert limits == [2.0]
 
 
 class _OneAtATime(FakeBackend):
@@ -148,7 +217,7 @@ def test_the_server_queues_no_more_than_the_sandbox_runs() -> None:
             try:
                 _wait_for_metric(http, url, "server/running", 1)
                 started = time.monotonic()
-                body = verl_body("1", compile_timeout=0.5, run_timeout=5)
+                body = verl_body("1", compile_timeout=0.5, run_timeout=1)  # waits 0.5 + 0.5 s
                 refused = http.post(f"{url}/run_code", json=body, timeout=30)
                 assert refused.status_code == 504
                 assert time.monotonic() - started < 2.0
