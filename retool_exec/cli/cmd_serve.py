@@ -7,6 +7,7 @@ when the command runs, so ``retool-exec --help`` works without them.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import socket
 import sys
@@ -118,6 +119,15 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--policy", choices=("reuse", "fresh"), default=None, help="docker policy (reuse)"
     )
+    parser.add_argument(
+        "--max-body-mb",
+        dest="max_body_bytes",
+        type=_mebibytes,
+        default=8 << 20,
+        metavar="M",
+        help="largest request body in MiB, else 413 (8; verl's JSON spends up to 6 bytes "
+        "on a character of stdin)",
+    )
     parser.add_argument("--runtime", default=None, help="docker OCI runtime, e.g. runsc")
     parser.add_argument(
         "--docker-host", default=None, metavar="URL", help="docker: daemon address (DOCKER_HOST)"
@@ -136,6 +146,17 @@ def register(subparsers: Any) -> None:
     )
     add_settings_options(parser)
     parser.set_defaults(handler=_handle)
+
+
+def _mebibytes(text: str) -> int:
+    """``--max-body-mb``'s value in bytes: a finite number of MiB above zero."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 < value <= 1 << 20):
+        raise argparse.ArgumentTypeError(f"expected MiB above 0 (at most 1048576), got {text!r}")
+    return int(value * (1 << 20))
 
 
 def _workers(args: argparse.Namespace) -> int:
@@ -229,6 +250,7 @@ def _handle(args: argparse.Namespace) -> int:
             loopback_only=is_loopback(args.host),
             max_run_timeout=args.max_run_timeout,
             max_memory_mb=args.max_memory_mb,
+            max_body_bytes=args.max_body_bytes,
         )
     except ValidationError as exc:
         raise ConfigError(f"server settings: {exc}") from exc

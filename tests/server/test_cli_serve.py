@@ -41,6 +41,19 @@ def test_options_reach_the_config() -> None:
     assert isinstance(local, LocalConfig)
 
 
+def test_the_body_limit_is_a_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """verl's JSON spends up to 6 bytes on a character of stdin (``\\uXXXX``): a 4.5 MB
+    input in a non-Latin script needs a body limit above the default 8 MiB."""
+    assert build_parser().parse_args(["serve"]).max_body_bytes == 8 << 20
+    args = build_parser().parse_args(["serve", "--max-body-mb", "40.5"])
+    assert args.max_body_bytes == int(40.5 * (1 << 20))
+    for bad in ("nan", "inf", "0", "-1", "lots"):
+        with pytest.raises(SystemExit) as stopped:
+            build_parser().parse_args(["serve", "--max-body-mb", bad])
+        assert stopped.value.code == 2
+        assert "--max-body-mb" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("host", "loopback"),
     [
@@ -81,6 +94,8 @@ def test_serve_runs_as_a_process_with_a_token_from_the_environment() -> None:
         str(port),
         "--root-path",
         "/faas/sandbox/",
+        "--max-body-mb",
+        "1",
         "--log-level",
         "warning",
     ]
@@ -106,6 +121,14 @@ def test_serve_runs_as_a_process_with_a_token_from_the_environment() -> None:
             timeout=30,
         )
         assert response.json()["run_result"]["stdout"] == "42\n"
+        too_large = {"code": "print(1)", "stdin": "x" * (1 << 20)}  # the body limit: 1 MiB
+        refused = httpx.post(
+            f"{base}/faas/sandbox/run_code",
+            json=too_large,
+            headers={"Authorization": "Bearer env-token"},
+            timeout=30,
+        )
+        assert refused.status_code == 413
         # Headers that never end are cut off (408) before the token is checked (no 401).
         with socket.create_connection(("127.0.0.1", port), timeout=10) as slow:
             started = time.monotonic()
