@@ -155,6 +155,9 @@ _BOOTSTRAP = (
     "        _retool_sys.stderr.write('\\nOriginal exception was:\\n')\n"
     "        _retool_sys.__excepthook__(\n"
     "            type(_retool_exc), _retool_exc, _retool_exc.__traceback__)\n"
+    "    if type(_retool_exc) is KeyboardInterrupt:\n"  # python3 then ends by SIGINT (-2)
+    "        _retool_sys.excepthook = lambda *printed: None\n"
+    "        raise _retool_exc\n"
     "    raise SystemExit(1) from None\n"
 )
 

@@ -15,6 +15,8 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import time
 import uuid
 from typing import Any
@@ -204,6 +206,35 @@ class TestBackendContract:
         for value, status in (("2**63", 255), ("-2**64", 255), ("Code(7)", 7), ("2**40 + 7", 7)):
             result = sandbox.run_code(code.format(value))
             assert (result.outcome, result.returncode) == (Outcome.ERROR, status), value
+
+    @pytest.mark.parametrize(
+        ("code", "status"),
+        [
+            ("print('a', flush=True)\nraise KeyboardInterrupt", -2),
+            ("import atexit\natexit.register(lambda: print('a'))\nraise KeyboardInterrupt", -2),
+            ("class Stop(KeyboardInterrupt): pass\nraise Stop", 1),  # the exact class only
+            ("import sys\nsys.excepthook = lambda *a: sys.exit(1)\nraise KeyboardInterrupt", 1),
+            (
+                "import signal\nsignal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})\n"
+                "raise KeyboardInterrupt",
+                130,
+            ),
+        ],
+    )
+    def test_an_uncaught_keyboard_interrupt_ends_by_sigint_as_python3(
+        self, sandbox: Sandbox, code: str, status: int
+    ) -> None:
+        """python3 ends by SIGINT after a ``KeyboardInterrupt`` nothing caught (its at-exit
+        functions run first): the seed's subprocess said -2, the backends said 1."""
+        ran = subprocess.run(
+            [sys.executable, "-c", code], check=False, capture_output=True, timeout=30
+        )
+        assert ran.returncode == status  # the expectation is python3's own
+        result = sandbox.run_code(code)
+        assert (result.returncode, result.stdout) == (status, ran.stdout.decode())
+        expected = Outcome.SIGNAL if status < 0 else Outcome.ERROR
+        assert result.outcome is expected
+        assert result.stderr.splitlines()[-1:] == ran.stderr.decode().splitlines()[-1:]
 
     def test_stderr_warnings_do_not_fail_a_success(self, sandbox: Sandbox) -> None:
         result = sandbox.run_code("import sys\nprint('warn', file=sys.stderr)\nprint('ok')")

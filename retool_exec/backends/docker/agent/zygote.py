@@ -435,7 +435,28 @@ def child_main(events_w: int, request_r: int, out_w: int, err_w: int, started_w:
                 auto_print=request.get("auto_print") is True,
             )
     finally:
+        if status == ENDED_BY_INTERRUPT:
+            _exit_by_sigint()
         os._exit(status)
+
+
+ENDED_BY_INTERRUPT = -SIGINT_NUMBER
+"""``run_user_code``'s status for code that ended with a ``KeyboardInterrupt`` nothing
+caught: the process then ends by SIGINT (``_exit_by_sigint``)."""
+
+
+def _exit_by_sigint() -> None:
+    """End as python3 ends after a ``KeyboardInterrupt`` nothing caught (``exit_sigint``):
+    killed by SIGINT, so its parent sees -2, or exit status 130 if SIGINT is blocked.
+
+    Why: the code's process exited 1, where python3 (and the seed's subprocess) report
+    -2 (twenty-third outside check)."""
+    try:
+        _signal.signal(SIGINT_NUMBER, _signal.SIG_DFL)
+        os.kill(os.getpid(), SIGINT_NUMBER)
+    except BaseException:
+        pass
+    os._exit(128 + SIGINT_NUMBER)
 
 
 WARM_UP_SOURCE = """\
@@ -748,14 +769,19 @@ def run_user_code(source: str, script: str | None = None, *, auto_print: bool = 
     except SystemExit as exc:
         status = exit_status(exc)
     except BaseException as exc:
-        status = _print_exception(exc)
+        hook_status = _print_exception(exc)
+        if hook_status is not None:
+            status = hook_status
+        else:  # the exact class, as CPython (``run_eval_code_obj``) checks it
+            status = ENDED_BY_INTERRUPT if type(exc) is KeyboardInterrupt else 1
     del namespace  # ``__main__`` alone holds it now, as in python3 at its end
     return _finish(status, before)
 
 
-def _print_exception(exc: BaseException) -> int:
-    """Print ``exc`` as python3 does with an exception nothing caught: the status it
-    then exits with (1; an ``excepthook`` that raised ``SystemExit`` chooses its own)."""
+def _print_exception(exc: BaseException) -> int | None:
+    """Print ``exc`` as python3 does with an exception nothing caught; None, or the
+    status an ``excepthook`` that raised ``SystemExit`` chose (python3 exits with it at
+    once: an uncaught exception is status 1 or, a ``KeyboardInterrupt``, SIGINT)."""
     try:
         tb = exc.__traceback__
         # Drop the driver's frames, so tracebacks start at "<sandbox>" (or "<cell N>").
@@ -765,14 +791,14 @@ def _print_exception(exc: BaseException) -> int:
         if getattr(sys, "excepthook", None) is None:  # the code deleted it: as python3
             sys.stderr.write("sys.excepthook is missing\n")
             sys.__excepthook__(type(exc), exc, tb)
-            return 1
+            return None
         with _one_write(sys.stderr):
             sys.excepthook(type(exc), exc, tb)
     except SystemExit as hook_exit:  # python3 exits with it, silently (handle_system_exit)
         return exit_status(hook_exit)
     except BaseException as hook_error:
         _print_hook_failure(hook_error, exc)
-    return 1
+    return None
 
 
 def _print_hook_failure(hook_error: BaseException, exc: BaseException) -> None:
