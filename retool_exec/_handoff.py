@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Generic, TypeVar
 
 __all__ = ["Handoff", "Slots"]
@@ -132,19 +132,74 @@ def _fail(waiter: asyncio.Future[T], error: Callable[[], BaseException]) -> None
 
 
 class Slots:
-    """A counting semaphore that callers on any event loop share (``async with slots:``)."""
+    """A counting semaphore that callers on any event loop share (``async with slots.hold():``).
+
+    Why leases: a call runs on its caller's loop, and a loop closed while a call
+    waited in it never resumes that call, so the slot it held never came back and
+    every later call waited forever (twenty-third outside check). A slot held from a
+    loop that is now closed is taken back whenever a caller has to wait (and every
+    ``RECLAIM_POLL`` seconds while it waits); the abandoned call, should its coroutine
+    ever be finalized, gives back nothing. Slots are counted, not stored: a count of
+    ``2**40`` costs what a count of 2 does.
+    """
+
+    RECLAIM_POLL = 0.5
 
     def __init__(self, count: int) -> None:
-        self._tokens: Handoff[None] = Handoff()
-        for _ in range(count):
-            self._tokens.put(None)
+        self._lock = threading.Lock()
+        self._unissued = count
+        self._tokens: Handoff[None] = Handoff()  # slots given back, waiting for a taker
+        self._leases: set[_Lease] = set()
 
     @property
     def free(self) -> int:
-        return len(self._tokens)
+        return self._unissued + len(self._tokens)
 
-    async def __aenter__(self) -> None:
-        await self._tokens.get()
+    @contextlib.asynccontextmanager
+    async def hold(self) -> AsyncIterator[None]:
+        """Hold one slot for the body of the ``async with``."""
+        lease = await self._acquire()
+        try:
+            yield
+        finally:
+            self._release(lease)
 
-    async def __aexit__(self, *exc_info: object) -> None:
+    async def _acquire(self) -> _Lease:
+        lease = _Lease(asyncio.get_running_loop())
+        with self._lock:
+            if self._unissued > 0:
+                self._unissued -= 1
+                self._leases.add(lease)
+                return lease
+        while True:
+            self._reclaim_abandoned()
+            try:
+                await self._tokens.get(timeout=self.RECLAIM_POLL)
+            except TimeoutError:
+                continue
+            with self._lock:
+                self._leases.add(lease)
+            return lease
+
+    def _release(self, lease: _Lease) -> None:
+        with self._lock:
+            if lease not in self._leases:
+                return  # taken back from a closed loop already
+            self._leases.discard(lease)
         self._tokens.put(None)
+
+    def _reclaim_abandoned(self) -> None:
+        with self._lock:
+            abandoned = [lease for lease in self._leases if lease.loop.is_closed()]
+            self._leases.difference_update(abandoned)
+        for _lease in abandoned:
+            self._tokens.put(None)
+
+
+class _Lease:
+    """One held slot, and the loop of the call that holds it (compared by identity)."""
+
+    __slots__ = ("loop",)
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop

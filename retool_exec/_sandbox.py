@@ -560,7 +560,7 @@ class Sandbox:
                 if self._slots is None:
                     self._slots = Slots(self.concurrency)
                 slots = self._slots
-        async with slots:
+        async with slots.hold():
             if self._closed:  # while it waited for a slot (on a loop of its caller's)
                 raise SandboxClosedError("this sandbox was closed while the call waited")
             await self._ensure_started()

@@ -130,6 +130,30 @@ def test_a_loop_that_ends_with_calls_in_flight_leaves_the_pool_whole(pool_of_two
     assert len(pool_containers(pool_of_two)) == 2
 
 
+def test_a_loop_closed_under_its_calls_leaves_the_pool_whole(pool_of_two: Sandbox) -> None:
+    """A loop closed (not by ``asyncio.run``) while its calls ran never resumes them: their
+    slots and containers were never given back, and every later call waited for ever
+    (twenty-third outside check). They are taken back, the containers retired."""
+    seen = record_containers(pool_of_two)
+    loop = asyncio.new_event_loop()
+    tasks = [
+        loop.create_task(pool_of_two.arun_code("import time; time.sleep(30)")) for _ in range(2)
+    ]
+    loop.run_until_complete(asyncio.sleep(0.5))  # both calls are in their containers now
+    loop.close()
+    abandoned = list(seen)
+    assert len(abandoned) == 2
+    started = time.monotonic()
+    result = pool_of_two.run_code("print('whole')")
+    assert result.stdout == "whole\n", result
+    assert time.monotonic() - started < 15
+    asyncio.run(settle(pool_of_two, 60))
+    assert pool_of_two._slots is not None and pool_of_two._slots.free == 2
+    assert not set(abandoned) & set(pool_containers(pool_of_two))
+    assert len(pool_containers(pool_of_two)) == 2
+    del tasks
+
+
 @pytest.mark.parametrize(
     "confirmation",
     [None, {"type": "reset", "clean": False, "reason": "a process was left"}, "wrong nonce"],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 from collections.abc import Iterator
 from typing import TypeVar
@@ -187,7 +188,7 @@ def test_slots_bound_the_calls_of_every_loop_together(other_loop: LoopThread) ->
 
     async def one() -> None:
         nonlocal inside, most
-        async with slots:
+        async with slots.hold():
             with lock:
                 inside += 1
                 most = max(most, inside)
@@ -203,6 +204,51 @@ def test_slots_bound_the_calls_of_every_loop_together(other_loop: LoopThread) ->
     there.result(10)
     assert most == 2
     assert slots.free == 2
+
+
+def test_a_slot_held_from_a_loop_closed_under_it_comes_back_once() -> None:
+    """A call whose loop was closed while it ran held its slot for ever, and every later
+    call waited for ever (twenty-third outside check). Taken back, it is not given back
+    a second time when the abandoned coroutine is finalized."""
+    slots = Slots(1)
+    dead = asyncio.new_event_loop()
+    holding = threading.Event()
+
+    async def abandoned() -> None:
+        async with slots.hold():
+            holding.set()
+            await asyncio.sleep(3600)
+
+    task = dead.create_task(abandoned())
+    dead.run_until_complete(asyncio.sleep(0.01))
+    assert holding.is_set() and slots.free == 0
+    dead.close()  # without cancelling the task: it never resumes
+
+    async def next_call() -> int:
+        async with slots.hold():
+            return slots.free
+
+    assert asyncio.run(asyncio.wait_for(next_call(), 5)) == 0
+    assert slots.free == 1
+    task_coroutine = task.get_coro()
+    del task
+    assert task_coroutine is not None
+    with contextlib.suppress(RuntimeError):
+        task_coroutine.close()  # its ``finally`` runs now: the slot is not given twice
+    assert slots.free == 1
+
+
+def test_slots_are_counted_not_stored() -> None:
+    """``max_workers=2**40`` built 2**40 tokens: the first call never returned."""
+    slots = Slots(2**40)
+    assert slots.free == 2**40
+
+    async def one() -> None:
+        async with slots.hold():
+            assert slots.free == 2**40 - 1
+
+    asyncio.run(asyncio.wait_for(one(), 5))
+    assert slots.free == 2**40
 
 
 @settings(max_examples=60, deadline=None)

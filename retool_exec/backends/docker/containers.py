@@ -195,6 +195,11 @@ class SandboxContainer:
     """The container's OOM kills as its agent last counted them (``oom_kills`` of a reply)."""
     oom_events_due: int | None = None
     """Docker's OOM event count those kills bring it to, awaited before the next request."""
+    drawn_by: asyncio.AbstractEventLoop | None = None
+    """The event loop of the call that took it from the pool; None while the pool holds it."""
+    reclaimed: bool = False
+    """Retired by the pool because the loop that took it was closed: what that call's
+    coroutine does with it afterwards (give it back, retire it) is ignored."""
 
 
 class ContainerFactory:

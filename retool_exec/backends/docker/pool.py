@@ -46,6 +46,9 @@ the container unclean past that: a gVisor reset made long by SysV ids and files 
 next caller of a one-container pool waiting 5.9-11.5 s for a 1 s call under the old 10 s
 (finding 40). This is the backstop for anything else; kept well above a reset's time
 when 64 callers share 2 cores, where retiring healthy containers would cost far more."""
+RECLAIM_POLL = 0.5
+"""Seconds between looks, while a call waits for a container, for containers taken by
+calls whose event loop was closed under them (``WarmPool._reclaim_abandoned``)."""
 RESET_PATIENCE = 0.02
 """Seconds a call that drew a still-resetting container waits for it before it lets the
 other ready containers go first (a reset takes ~1 ms; a call's leftovers can make it longer)."""
@@ -113,12 +116,14 @@ class WarmPool:
         deadline = time.monotonic() + timeout
         while True:
             container = await self._take(max(0.0, deadline - time.monotonic()), timeout)
+            container.drawn_by = asyncio.get_running_loop()
             try:
                 clean = await _confirm_reset(container)
             except BaseException:
                 self.retire(container)
                 raise
             if clean is None:
+                container.drawn_by = None
                 self._ready.put(container)  # still resetting: the others first
                 continue
             if clean and container.channel.poll():
@@ -143,13 +148,20 @@ class WarmPool:
         container = self._ready.get_nowait()  # the common case: no waiting, no timer
         if container is not None:
             return container
-        try:
-            return await self._ready.get(left)
-        except TimeoutError as exc:
-            raise PoolUnavailableError(
-                f"no sandbox container became ready within {timeout:.0f}s"
-                + (f"; last start failure: {self._last_error}" if self._last_error else "")
-            ) from (self._last_error or exc)
+        deadline = time.monotonic() + left
+        while True:
+            self._on_home(self._reclaim_abandoned)
+            try:
+                return await self._ready.get(
+                    max(0.0, min(RECLAIM_POLL, deadline - time.monotonic()))
+                )
+            except TimeoutError as exc:
+                if time.monotonic() < deadline:
+                    continue
+                raise PoolUnavailableError(
+                    f"no sandbox container became ready within {timeout:.0f}s"
+                    + (f"; last start failure: {self._last_error}" if self._last_error else "")
+                ) from (self._last_error or exc)
 
     def release(self, container: SandboxContainer) -> None:
         """Return a container after a call (from any loop); only a reusable one goes back.
@@ -157,6 +169,9 @@ class WarmPool:
         A reused container goes back before its reset is confirmed: whoever
         takes it next reads the confirmation first (``acquire``).
         """
+        if container.reclaimed:
+            return
+        container.drawn_by = None
         container.calls += 1
         if self.reuse and not self._closed and container.calls < self.max_calls:
             container.reset_due = time.monotonic() + RESET_CONFIRMATION_LIMIT
@@ -166,10 +181,13 @@ class WarmPool:
 
     def detach(self, container: SandboxContainer) -> None:
         """Hand a container over for good (to a session family) and start its replacement."""
+        container.drawn_by = None
         self._on_home(self._detach_here, container)
 
     def retire(self, container: SandboxContainer) -> None:
         """Destroy a container in the background and start its replacement (from any loop)."""
+        if container.reclaimed:
+            return
         if self._closed:  # the closing pool removes the container; its stream goes now
             container.channel.close()
         self._on_home(self._retire_here, container)
@@ -184,6 +202,24 @@ class WarmPool:
         self._alive -= 1
         self._spawn(self.factory.destroy(container))
         self._refill()
+
+    def _reclaim_abandoned(self) -> None:
+        """Retire every container taken by a call whose event loop is now closed.
+
+        Why: such a call never resumes, and its container was never given back: with
+        a pool of one, every later call waited its whole ``start_timeout`` and failed
+        (twenty-third outside check). The call's state in the container is unknown,
+        so the container is destroyed, never reused. On the home loop."""
+        for container in list(self._members):
+            loop = container.drawn_by
+            if loop is not None and loop.is_closed():
+                log.warning(
+                    "retiring container %s: the event loop of its call was closed",
+                    container.id[:12],
+                )
+                container.reclaimed = True
+                container.channel.close()
+                self._retire_here(container)
 
     def _on_home(self, step: Callable[..., None], *args: Any) -> None:
         """Run ``step`` on the home loop: now if this is it, else as its next callback.

@@ -10,7 +10,6 @@ on whichever event loop is waiting for a frame.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 import struct
 import threading
@@ -146,8 +145,12 @@ class AgentChannel:
                 self._sock.close()
                 return
             loop, waiter = self._waiting  # its wait closes the socket once it unregisters
-        with contextlib.suppress(RuntimeError):
+        try:
             loop.call_soon_threadsafe(_wake, waiter)
+        except RuntimeError:  # that loop is closed: its wait never resumes to close it
+            with self._lock:
+                self._waiting = None
+                self._sock.close()
 
     def _read_available(self) -> bool:
         """Read until a frame is parsed or nothing more has come; False if nothing came."""
