@@ -19,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import concurrent.futures.thread  # its exit hook must be registered before ours
+import contextlib
 import logging
 import os
 import sys
@@ -399,6 +401,21 @@ class Sandbox:
         """Async ``start``."""
         await self._acall_in_loop(self._ensure_started())
 
+    def __del__(self) -> None:
+        """A sandbox dropped without ``close()`` is closed, in a thread of its own.
+
+        Why: its containers and its loop thread stayed for the rest of the process, and
+        the exit hook, which holds sandboxes weakly, no longer saw it (twenty-third outside
+        check). A thread: the collector runs in any thread, the sandbox's own loop thread
+        too, where a close cannot wait for that loop."""
+        if getattr(self, "_closed", True) or getattr(self, "_owner_pid", None) != os.getpid():
+            return
+        if self._portal is None:  # nothing started: nothing to wait for
+            self.close()
+            return
+        with contextlib.suppress(Exception):  # at interpreter shutdown: the exit hook closes
+            threading.Thread(target=self.close, name="retool-exec-close").start()
+
     def close(self) -> None:
         """Close the backend (removing its processes/containers) and stop the loop. Idempotent."""
         if os.getpid() != self._owner_pid:
@@ -660,8 +677,19 @@ class SessionContext:
 _open_sandboxes: weakref.WeakSet[Sandbox] = weakref.WeakSet()
 
 
-@atexit.register
 def _close_open_sandboxes() -> None:
-    """At interpreter exit, close what the caller forgot to (containers must not leak)."""
+    """At interpreter exit, close what the caller forgot to (containers must not leak).
+
+    Why at threading's shutdown, not ``atexit``'s: ``concurrent.futures`` stops every
+    thread pool there first, before ``atexit`` runs, and a pool stopped refused the
+    removals, so every container of an unclosed sandbox stayed (twenty-third outside
+    check). Registered after ``concurrent.futures.thread`` is imported, it runs before
+    that module's hook (they run in reverse); ``atexit`` stays as the fallback.
+    """
     for sandbox in list(_open_sandboxes):
-        sandbox.close()
+        with contextlib.suppress(Exception):
+            sandbox.close()
+
+
+threading._register_atexit(_close_open_sandboxes)  # type: ignore[attr-defined]
+atexit.register(_close_open_sandboxes)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -14,7 +16,7 @@ import pytest
 
 from retool_exec import DockerConfig, ExecResult, Outcome, Sandbox, SandboxClosedError
 from retool_exec.backends.docker.backend import DockerBackend
-from tests.conftest import LABELS, require_docker, session_containers
+from tests.conftest import LABELS, TEST_LABEL, require_docker, session_containers
 
 pytestmark = pytest.mark.docker
 
@@ -153,3 +155,62 @@ def test_a_sync_call_in_flight_when_the_sandbox_closes_gets_an_explicit_answer()
             assert outcome.outcome is Outcome.SANDBOX_ERROR, outcome
         else:
             assert isinstance(outcome, SandboxClosedError), repr(outcome)
+
+
+FORGETFUL = """
+import gc, os, sys, time
+from retool_exec import DockerConfig, Sandbox
+sandbox = Sandbox(DockerConfig(policy="reuse", pool_size=2, labels={{{label!r}: {value!r}}}))
+assert sandbox.run_code("print(1)").stdout == "1\\n"
+print(os.getpid(), flush=True)
+if sys.argv[1] == "dropped":
+    del sandbox
+    gc.collect()
+    sys.stdin.readline()  # alive until the test has looked
+"""
+
+
+def _owned_by(pid: int) -> list[str]:
+    """Containers whose owner label names process ``pid``."""
+    import docker
+
+    client = docker.from_env()
+    try:
+        return [
+            container.id
+            for container in client.containers.list(all=True, filters={"label": TEST_LABEL})
+            if f":{pid}:" in container.labels.get("org.retool_exec.owner", "")
+        ]
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("forgotten", ["at exit", "dropped"])
+def test_a_sandbox_never_closed_leaves_no_container(forgotten: str) -> None:
+    """At exit (``concurrent.futures`` had stopped the removal threads before ``atexit``)
+    and when dropped and collected (nothing closed it): every container stayed."""
+    require_docker()
+    [(label, value)] = LABELS.items()
+    program = FORGETFUL.format(label=label, value=value)
+    mode = forgotten.replace(" ", "-")
+    with subprocess.Popen(
+        [sys.executable, "-c", program, mode],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as child:
+        try:
+            assert child.stdout is not None and child.stdin is not None
+            pid = int(child.stdout.readline())
+            if forgotten == "dropped":
+                deadline = time.monotonic() + 30
+                while _owned_by(pid):  # removed while the process lives on
+                    assert time.monotonic() < deadline, "the dropped sandbox kept its containers"
+                    time.sleep(0.2)
+                child.stdin.write("\n")
+                child.stdin.flush()
+            assert child.wait(60) == 0
+        finally:
+            if child.poll() is None:
+                child.kill()
+    assert _owned_by(pid) == []
