@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import warnings
@@ -700,3 +701,30 @@ def test_a_zombie_the_supervisor_adopted_does_not_hold_a_call_for_a_second(
     assert (result.outcome, result.stdout) == (Outcome.SUCCESS, "ended\n"), result
     # The settle's whole second, before; a poll of 50 ms or two now.
     assert result.latency - result.queue_wait < 0.8, result
+
+
+def test_a_frozen_pool_answers_within_the_calls_deadline() -> None:
+    """A silent agent already took the call's deadline (limit + host_grace): the call was
+    then run again on another frozen container and answered after twice that (6 s for a
+    1 s call with 2 s of grace; twenty-third outside check)."""
+    require_docker()
+    config = DockerConfig(policy="reuse", pool_size=2, timeout=1, host_grace=2.0, labels=LABELS)
+    client = docker.from_env()
+    with Sandbox(config) as sandbox:
+        sandbox.start()
+        frozen = pool_containers(sandbox)
+        assert len(frozen) == 2
+        for container_id in frozen:
+            client.api.pause(container_id)
+        try:
+            started = time.monotonic()
+            result = sandbox.run_code("print(1)")
+            took = time.monotonic() - started
+        finally:
+            for container_id in frozen:
+                with contextlib.suppress(docker.errors.APIError):
+                    client.api.unpause(container_id)
+            client.close()
+    assert result.outcome is Outcome.SANDBOX_ERROR, result
+    assert "silent past the deadline (3.0s)" in (result.detail or "")
+    assert took < 3.0 + 1.0, took

@@ -53,7 +53,12 @@ call ended (an ``ended`` frame): then the call comes back on time with its own o
 its output lost (``DockerBackend._output_lost``), whatever its code made the result (0.8 s:
 within the promise of timeout + 1 s, with room for the host's own steps)."""
 RETRIES_BEFORE_START = 1
-"""Times a call whose container failed before its code began is run on another one."""
+"""Times a call whose container failed before its code began is run on another one: its
+stream ended, its agent said it failed, or it said nothing for ``START_GRACE`` while the
+call's deadline was still ahead (a frozen container; the call then costs up to
+``START_GRACE`` more, not its result). Never once the deadline itself has passed: a second
+wait doubled it (a 1 s call with 2 s of grace answered after 6 s; twenty-third outside
+check)."""
 
 
 class CallProgress:
@@ -198,6 +203,7 @@ class DockerBackend(Backend):
             waited = time.perf_counter() - started
             progress = CallProgress()
             oom_before = self.container_oom_count(container)
+            due = time.monotonic() + request.timeout + self.config.host_grace
             try:
                 reply = await self._call(container, request, progress, frame)
             except (TimeoutError, ProtocolError) as exc:
@@ -215,7 +221,12 @@ class DockerBackend(Backend):
                     )
                 finally:
                     pool.retire(container)
-                if not progress.code_started and attempt < RETRIES_BEFORE_START and not oom:
+                if (
+                    (isinstance(exc, ProtocolError) or time.monotonic() < due)
+                    and not progress.code_started
+                    and attempt < RETRIES_BEFORE_START
+                    and not oom
+                ):
                     # The code provably never ran (no "started" frame): run it elsewhere.
                     log.warning("retrying a call whose container failed before it began: %s", exc)
                     continue
