@@ -101,8 +101,14 @@ class Sandbox:
             isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1
         ):
             raise ConfigError(f"max_workers must be an integer of at least 1, got {max_workers!r}")
-        if max_code_chars < 1:
-            raise ConfigError(f"max_code_chars must be at least 1, got {max_code_chars}")
+        if (
+            isinstance(max_code_chars, bool)
+            or not isinstance(max_code_chars, int)
+            or max_code_chars < 1
+        ):
+            raise ConfigError(
+                f"max_code_chars must be an integer of at least 1, got {max_code_chars!r}"
+            )
         self.backend, self.timeout = resolve_backend(backend, timeout=timeout)
         capacity = self.backend.capacity
         if max_workers is None:  # as many as the backend runs at once (the seed's 8 if unbounded)

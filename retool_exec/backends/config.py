@@ -110,7 +110,7 @@ class DockerConfig(BackendConfigBase):
     an eighth (docs/performance.md)."""
     runtime: str | None = None
     """OCI runtime, e.g. ``"runsc"`` for gVisor; None uses the daemon's default (runc)."""
-    image: str | None = None
+    image: str | None = Field(default=None, min_length=1)
     """An image of your own to run (any image with a ``python3`` >= 3.9: the agent is sent
     in at start, see images/README.md); None runs the image built from ``image_spec``."""
     image_spec: ImageSpec | None = None

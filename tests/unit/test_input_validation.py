@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
+from pydantic import ValidationError
 
-from retool_exec import Sandbox
+from retool_exec import DockerConfig, Sandbox
 from retool_exec._errors import ConfigError
 from retool_exec.backends.fake import FakeBackend
 
@@ -29,6 +30,27 @@ def test_bad_memory_limits_are_refused(value: object) -> None:
 def test_bad_max_workers_are_refused(value: object) -> None:
     with pytest.raises(ConfigError):
         Sandbox(FakeBackend(), max_workers=value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, 0, 2.5, "5", True])
+def test_bad_max_code_chars_are_refused(value: object) -> None:
+    """``True`` was taken as 1 (every call refused), ``nan`` switched the limit off, ``"5"``
+    raised a bare TypeError (twenty-third outside check)."""
+    with pytest.raises(ConfigError, match="max_code_chars"):
+        Sandbox(FakeBackend(), max_code_chars=value)  # type: ignore[arg-type]
+
+
+def test_a_huge_max_workers_costs_nothing() -> None:
+    """Slots were stored one by one: ``max_workers=2**40`` never returned from the first
+    call, and held ``close()`` as long (twenty-third outside check)."""
+    with Sandbox(FakeBackend(lambda _request: "1\n"), max_workers=2**40) as sandbox:
+        assert sandbox.run_code("print(1)").stdout == "1\n"
+
+
+def test_an_empty_image_name_is_refused() -> None:
+    """It ran the default image as if none were given."""
+    with pytest.raises(ValidationError, match="image"):
+        DockerConfig(image="")
 
 
 def test_run_many_refuses_one_string_and_takes_limits() -> None:
