@@ -139,7 +139,11 @@ def test_a_loop_closed_under_its_calls_leaves_the_pool_whole(pool_of_two: Sandbo
     tasks = [
         loop.create_task(pool_of_two.arun_code("import time; time.sleep(30)")) for _ in range(2)
     ]
-    loop.run_until_complete(asyncio.sleep(0.5))  # both calls are in their containers now
+    deadline = time.monotonic() + 20
+    while len(seen) < 2:  # both calls are in their containers
+        assert time.monotonic() < deadline
+        loop.run_until_complete(asyncio.sleep(0.05))
+    loop.run_until_complete(asyncio.sleep(0.2))
     loop.close()
     abandoned = list(seen)
     assert len(abandoned) == 2
@@ -152,6 +156,30 @@ def test_a_loop_closed_under_its_calls_leaves_the_pool_whole(pool_of_two: Sandbo
     assert not set(abandoned) & set(pool_containers(pool_of_two))
     assert len(pool_containers(pool_of_two)) == 2
     del tasks
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")  # asyncio's "unclosed event loop"
+def test_a_loop_dropped_unclosed_with_a_call_in_flight_leaves_the_pool_whole() -> None:
+    """``asyncio.wait`` with a timeout does not cancel; a loop then dropped without
+    ``close()`` kept its slot and container for ever (twenty-fourth outside check)."""
+    require_docker()
+    config = DockerConfig(policy="reuse", pool_size=1, timeout=20, labels=LABELS)
+    with Sandbox(config, max_workers=1) as sandbox:
+        sandbox.start()
+
+        def step() -> None:
+            loop = asyncio.new_event_loop()
+            task = loop.create_task(sandbox.arun_code("import time; time.sleep(30)"))
+            loop.run_until_complete(asyncio.wait([task], timeout=1.0))
+
+        step()
+        started = time.monotonic()
+        result = sandbox.run_code("print('whole')")
+        assert result.stdout == "whole\n", result
+        assert time.monotonic() - started < 20
+        asyncio.run(settle(sandbox, 60))
+        assert sandbox._slots is not None and sandbox._slots.free == 1
+        assert len(pool_containers(sandbox)) == 1
 
 
 @pytest.mark.parametrize(

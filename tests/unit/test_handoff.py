@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from retool_exec import _handoff
 from retool_exec._handoff import Handoff, Slots
 from retool_exec._portal import LoopThread
 
@@ -235,6 +236,72 @@ def test_a_slot_held_from_a_loop_closed_under_it_comes_back_once() -> None:
     assert task_coroutine is not None
     with contextlib.suppress(RuntimeError):
         task_coroutine.close()  # its ``finally`` runs now: the slot is not given twice
+    assert slots.free == 1
+
+
+def test_a_slot_on_its_way_to_a_loop_stopped_then_closed_comes_back(
+    other_loop: LoopThread,
+) -> None:
+    """A slot freed while its next taker's loop was stopped went on its way there, and
+    was lost when that loop closed: nothing recorded who had it (twenty-fourth outside
+    check). It is recorded when it is handed over, and taken back."""
+    slots = Slots(1)
+    release = threading.Event()
+
+    async def hold_until_released() -> None:
+        async with slots.hold():
+            await asyncio.to_thread(release.wait, 10)
+
+    holder = other_loop.submit(hold_until_released())
+    while slots.free:
+        threading.Event().wait(0.001)
+    stopped = asyncio.new_event_loop()
+
+    async def in_line() -> None:
+        async with slots.hold():
+            pass
+
+    task = stopped.create_task(in_line())
+    stopped.run_until_complete(asyncio.sleep(0.05))  # it waits in line; the loop stops
+    release.set()
+    holder.result(5)  # the slot is now on its way to the stopped loop
+    stopped.close()
+
+    async def next_call() -> None:
+        async with slots.hold():
+            pass
+
+    asyncio.run(asyncio.wait_for(next_call(), 5))
+    assert slots.free == 1
+    del task
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")  # asyncio's "unclosed event loop"
+def test_a_slot_held_from_a_loop_dropped_unclosed_comes_back() -> None:
+    """``asyncio.wait`` with a timeout leaves its task running; a loop then dropped without
+    ``close()`` kept its slot for ever (twenty-fourth outside check). The slot names its
+    loop weakly, and a caller waiting long has the collector find the dropped loop."""
+    _handoff._Collections.last = 0.0  # no collection of another test's holds this one back
+    slots = Slots(1)
+
+    def step() -> None:
+        loop = asyncio.new_event_loop()
+
+        async def held() -> None:
+            async with slots.hold():
+                await asyncio.sleep(3600)
+
+        task = loop.create_task(held())
+        loop.run_until_complete(asyncio.wait([task], timeout=0.05))  # gives up, not cancels
+
+    step()
+    assert slots.free == 0
+
+    async def next_call() -> None:
+        async with slots.hold():
+            pass
+
+    asyncio.run(asyncio.wait_for(next_call(), 10))
     assert slots.free == 1
 
 

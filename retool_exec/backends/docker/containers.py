@@ -25,6 +25,7 @@ import docker
 import docker.errors
 
 from retool_exec._errors import ImageError
+from retool_exec._handoff import LoopRef
 from retool_exec.backends.config import DockerConfig, is_gvisor
 from retool_exec.backends.docker.agent import wire
 from retool_exec.backends.docker.bootstrap import agent_frame
@@ -195,8 +196,9 @@ class SandboxContainer:
     """The container's OOM kills as its agent last counted them (``oom_kills`` of a reply)."""
     oom_events_due: int | None = None
     """Docker's OOM event count those kills bring it to, awaited before the next request."""
-    drawn_by: asyncio.AbstractEventLoop | None = None
-    """The event loop of the call that took it from the pool; None while the pool holds it."""
+    drawn_by: LoopRef | None = None
+    """The event loop (weakly) of the call that took it from the pool or that it is on its
+    way to; None while the pool holds it, once it is retired, and in a session."""
     reclaimed: bool = False
     """Retired by the pool because the loop that took it was closed: what that call's
     coroutine does with it afterwards (give it back, retire it) is ignored."""

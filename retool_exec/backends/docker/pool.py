@@ -25,10 +25,11 @@ import contextlib
 import hmac
 import logging
 import time
+import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from retool_exec._handoff import Handoff
+from retool_exec._handoff import Handoff, abandoned, collect_stalled
 from retool_exec.backends.docker.containers import ContainerFactory, SandboxContainer
 from retool_exec.backends.docker.protocol import ProtocolError
 
@@ -46,9 +47,6 @@ the container unclean past that: a gVisor reset made long by SysV ids and files 
 next caller of a one-container pool waiting 5.9-11.5 s for a 1 s call under the old 10 s
 (finding 40). This is the backstop for anything else; kept well above a reset's time
 when 64 callers share 2 cores, where retiring healthy containers would cost far more."""
-RECLAIM_POLL = 0.5
-"""Seconds between looks, while a call waits for a container, for containers taken by
-calls whose event loop was closed under them (``WarmPool._reclaim_abandoned``)."""
 RESET_PATIENCE = 0.02
 """Seconds a call that drew a still-resetting container waits for it before it lets the
 other ready containers go first (a reset takes ~1 ms; a call's leftovers can make it longer)."""
@@ -69,7 +67,7 @@ class WarmPool:
         self.reuse = reuse
         self.max_calls = max_calls
         self._home = asyncio.get_running_loop()
-        self._ready: Handoff[SandboxContainer] = Handoff()
+        self._ready: Handoff[SandboxContainer] = Handoff(on_handoff=_drawn)
         self._alive = 0
         self._failures = 0
         self._last_error: BaseException | None = None
@@ -116,14 +114,13 @@ class WarmPool:
         deadline = time.monotonic() + timeout
         while True:
             container = await self._take(max(0.0, deadline - time.monotonic()), timeout)
-            container.drawn_by = asyncio.get_running_loop()
+            container.drawn_by = weakref.ref(asyncio.get_running_loop())
             try:
                 clean = await _confirm_reset(container)
             except BaseException:
                 self.retire(container)
                 raise
             if clean is None:
-                container.drawn_by = None
                 self._ready.put(container)  # still resetting: the others first
                 continue
             if clean and container.channel.poll():
@@ -148,20 +145,16 @@ class WarmPool:
         container = self._ready.get_nowait()  # the common case: no waiting, no timer
         if container is not None:
             return container
-        deadline = time.monotonic() + left
-        while True:
-            self._on_home(self._reclaim_abandoned)
-            try:
-                return await self._ready.get(
-                    max(0.0, min(RECLAIM_POLL, deadline - time.monotonic()))
-                )
-            except TimeoutError as exc:
-                if time.monotonic() < deadline:
-                    continue
-                raise PoolUnavailableError(
-                    f"no sandbox container became ready within {timeout:.0f}s"
-                    + (f"; last start failure: {self._last_error}" if self._last_error else "")
-                ) from (self._last_error or exc)
+        self._on_home(self._reclaim_abandoned, 0.0)
+        try:
+            return await self._ready.get(
+                left, between=lambda waited: self._on_home(self._reclaim_abandoned, waited)
+            )
+        except TimeoutError as exc:
+            raise PoolUnavailableError(
+                f"no sandbox container became ready within {timeout:.0f}s"
+                + (f"; last start failure: {self._last_error}" if self._last_error else "")
+            ) from (self._last_error or exc)
 
     def release(self, container: SandboxContainer) -> None:
         """Return a container after a call (from any loop); only a reusable one goes back.
@@ -171,7 +164,6 @@ class WarmPool:
         """
         if container.reclaimed:
             return
-        container.drawn_by = None
         container.calls += 1
         if self.reuse and not self._closed and container.calls < self.max_calls:
             container.reset_due = time.monotonic() + RESET_CONFIRMATION_LIMIT
@@ -188,31 +180,39 @@ class WarmPool:
         """Destroy a container in the background and start its replacement (from any loop)."""
         if container.reclaimed:
             return
+        container.drawn_by = None
         if self._closed:  # the closing pool removes the container; its stream goes now
             container.channel.close()
         self._on_home(self._retire_here, container)
 
     def _detach_here(self, container: SandboxContainer) -> None:
+        if container not in self._members:
+            return  # retired already
         self._members.discard(container)
         self._alive -= 1
         self._refill()
 
     def _retire_here(self, container: SandboxContainer) -> None:
+        if container not in self._members:
+            return  # retired already: counted once
         self._members.discard(container)
         self._alive -= 1
         self._spawn(self.factory.destroy(container))
         self._refill()
 
-    def _reclaim_abandoned(self) -> None:
-        """Retire every container taken by a call whose event loop is now closed.
+    def _reclaim_abandoned(self, waited: float) -> None:
+        """Retire every container taken by (or on its way to) a call whose event loop is
+        closed or gone; ``waited``: how long the caller asking has waited.
 
         Why: such a call never resumes, and its container was never given back: with
         a pool of one, every later call waited its whole ``start_timeout`` and failed
-        (twenty-third outside check). The call's state in the container is unknown,
-        so the container is destroyed, never reused. On the home loop."""
-        for container in list(self._members):
-            loop = container.drawn_by
-            if loop is not None and loop.is_closed():
+        (twenty-third and twenty-fourth outside checks). The call's state in the
+        container is unknown, so the container is destroyed, never reused. On the
+        home loop."""
+        members = list(self._members)
+        collect_stalled((c.drawn_by for c in members if c.drawn_by is not None), waited)
+        for container in members:
+            if abandoned(container.drawn_by):
                 log.warning(
                     "retiring container %s: the event loop of its call was closed",
                     container.id[:12],
@@ -316,3 +316,8 @@ async def _confirm_reset(container: SandboxContainer) -> bool | None:
 
 def _reset_answered(container: SandboxContainer) -> bool:
     return container.reset_due is None or container.channel.poll()
+
+
+def _drawn(container: SandboxContainer, loop: asyncio.AbstractEventLoop | None) -> None:
+    """The ready set's hand-off: the loop a container goes to (None: back in the set)."""
+    container.drawn_by = None if loop is None else weakref.ref(loop)

@@ -14,6 +14,7 @@ import socket
 import struct
 import threading
 import time
+import weakref
 from collections import deque
 from typing import Any
 
@@ -94,7 +95,10 @@ class AgentChannel:
         self._pending: deque[dict[str, Any]] = deque()
         self._ended: str | None = None  # why no more frames can come, once that is so
         self._lock = threading.Lock()  # a wait's registration against close()
-        self._waiting: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
+        # Weakly: a loop dropped in a wait must stay collectable (``_handoff.collect_stalled``).
+        self._waiting: (
+            tuple[weakref.ref[asyncio.AbstractEventLoop], weakref.ref[asyncio.Future[None]]] | None
+        ) = None
         self._closed = False
         self.agent_stderr = TailBuffer(4096)
 
@@ -144,10 +148,12 @@ class AgentChannel:
             if self._waiting is None:
                 self._sock.close()
                 return
-            loop, waiter = self._waiting  # its wait closes the socket once it unregisters
+            loop, waiter = self._waiting[0](), self._waiting[1]()
         try:
-            loop.call_soon_threadsafe(_wake, waiter)
-        except RuntimeError:  # that loop is closed: its wait never resumes to close it
+            if loop is None or waiter is None:
+                raise RuntimeError("the waiting loop is gone")
+            loop.call_soon_threadsafe(_wake, waiter)  # its wait closes the socket once it ends
+        except RuntimeError:  # that loop is closed or gone: its wait never resumes
             with self._lock:
                 self._waiting = None
                 self._sock.close()
@@ -189,7 +195,7 @@ class AgentChannel:
                 loop.add_writer(self._fd, _wake, waiter)
             else:
                 loop.add_reader(self._fd, _wake, waiter)
-            self._waiting = (loop, waiter)
+            self._waiting = (weakref.ref(loop), weakref.ref(waiter))
         timer = None
         if deadline is not None:
             timer = loop.call_later(max(0.0, deadline - time.monotonic()), _expire, waiter)
