@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
-import concurrent.futures.thread  # its exit hook must be registered before ours
 import contextlib
 import logging
 import os
@@ -683,19 +682,18 @@ class SessionContext:
 _open_sandboxes: weakref.WeakSet[Sandbox] = weakref.WeakSet()
 
 
+@atexit.register
 def _close_open_sandboxes() -> None:
     """At interpreter exit, close what the caller forgot to (containers must not leak).
 
-    Why at threading's shutdown, not ``atexit``'s: ``concurrent.futures`` stops every
-    thread pool there first, before ``atexit`` runs, and a pool stopped refused the
-    removals, so every container of an unclosed sandbox stayed (twenty-third outside
-    check). Registered after ``concurrent.futures.thread`` is imported, it runs before
-    that module's hook (they run in reverse); ``atexit`` stays as the fallback.
+    ``atexit`` runs after every non-daemon thread has ended, so a worker thread still
+    calling the sandbox after the main thread returned keeps it open until then
+    (closing earlier, from threading's shutdown, failed those calls). By then
+    ``concurrent.futures`` has stopped its thread pools: the Docker removals run on
+    the sandbox's own thread instead (``ContainerFactory._blocking``).
     """
     for sandbox in list(_open_sandboxes):
-        with contextlib.suppress(Exception):
+        try:
             sandbox.close()
-
-
-threading._register_atexit(_close_open_sandboxes)  # type: ignore[attr-defined]
-atexit.register(_close_open_sandboxes)
+        except Exception:
+            log.exception("closing a sandbox left open at exit failed")

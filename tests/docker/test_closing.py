@@ -167,6 +167,13 @@ if sys.argv[1] == "dropped":
     del sandbox
     gc.collect()
     sys.stdin.readline()  # alive until the test has looked
+if sys.argv[1] == "left-to-a-thread":  # main returns; the worker goes on using it
+    import threading
+    def work():
+        time.sleep(0.3)
+        for i in range(3):
+            print(sandbox.run_code(f"print({{i}})").stdout, end="", flush=True)
+    threading.Thread(target=work).start()
 """
 
 
@@ -185,7 +192,7 @@ def _owned_by(pid: int) -> list[str]:
         client.close()
 
 
-@pytest.mark.parametrize("forgotten", ["at exit", "dropped"])
+@pytest.mark.parametrize("forgotten", ["at exit", "dropped", "left to a thread"])
 def test_a_sandbox_never_closed_leaves_no_container(forgotten: str) -> None:
     """At exit (``concurrent.futures`` had stopped the removal threads before ``atexit``)
     and when dropped and collected (nothing closed it): every container stayed."""
@@ -209,6 +216,8 @@ def test_a_sandbox_never_closed_leaves_no_container(forgotten: str) -> None:
                     time.sleep(0.2)
                 child.stdin.write("\n")
                 child.stdin.flush()
+            if forgotten == "left to a thread":  # closed after the thread, not under it
+                assert child.stdout.read() == "0\n1\n2\n"
             assert child.wait(60) == 0
         finally:
             if child.poll() is None:

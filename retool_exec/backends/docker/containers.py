@@ -267,7 +267,18 @@ class ContainerFactory:
         return self.oom_events.count(container_id)
 
     async def _blocking(self, func: Callable[[], T]) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._threads, func)
+        """``func`` in a worker thread; at interpreter exit, on this loop's thread.
+
+        Why the second: ``concurrent.futures`` stops every thread pool when the
+        interpreter exits, before ``atexit`` closes the sandboxes left open, and the
+        removals it refused left every container of such a sandbox (twenty-third outside
+        check). Blocking the sandbox's own loop is then harmless: the close waits anyway.
+        """
+        try:
+            work = asyncio.get_running_loop().run_in_executor(self._threads, func)
+        except RuntimeError:  # the pool is shut down
+            return func()
+        return await work
 
     async def _blocking_owned(
         self,
@@ -428,9 +439,8 @@ class ContainerFactory:
 
         try:
             work = self._threads.submit(remove)
-        except RuntimeError:  # shut down: the pool's label sweep has removed it
-            if then is not None:
-                then()
+        except RuntimeError:  # shut down (interpreter exit, see ``_blocking``): remove it here
+            remove()
             return
         try:
             await asyncio.shield(asyncio.wrap_future(work))
