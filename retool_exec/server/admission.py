@@ -2,7 +2,7 @@
 
 At most ``max_concurrency`` requests run; at most ``max_queue`` more wait for a
 slot. A request beyond that is refused immediately, and so is one that waited
-longer than its own budget (``wait``, see ``SandboxService.queue_budget``,
+longer than its own budget (``wait``, see ``SandboxService.free_wait``,
 never more than ``queue_timeout``): both become HTTP 504, the one status
 verl's client retries (with a growing delay) instead of failing the sample.
 Waiting without such a bound would instead run into the client's own read
@@ -109,8 +109,7 @@ class Admission:
             return
         if limit is not None and limit <= 0:
             raise self.refuse(
-                "every run slot is busy and the request leaves no time to wait "
-                "(its compile_timeout); retry later"
+                "every run slot is busy and the request leaves no time to wait; retry later"
             )
         loop = asyncio.get_running_loop()
         deadline = None if limit is None else loop.time() + limit

@@ -58,6 +58,12 @@ PYTHON_LANGUAGES = frozenset({"python", "python3", "py"})
 """``language`` values served; SandboxFusion's other languages are refused with 400."""
 
 
+WAIT_TOLERANCE = 0.05
+"""Seconds past its ``free_wait`` a request may have spent before its run and still run
+its whole ``run_timeout`` (taking a free slot takes a moment); its answer may then come
+that much after ``compile_timeout + run_timeout``, well within any client's slack."""
+
+
 class SandboxService:
     """Runs requests on one Sandbox within the server's limits."""
 
@@ -93,11 +99,10 @@ class SandboxService:
     ) -> tuple[RunCodeResponse, Outcome]:
         """Run one SandboxFusion request; also returns retool_exec's finer outcome.
 
-        It waits for a slot at most ``queue_budget`` seconds, and not at all
-        once ``gone`` says the client left; a wait that left the code less than its
-        time runs it with what is left (``_run_in_time``).
+        It waits for a slot at most its ``free_wait`` and half its run time more, and
+        not at all once ``gone`` says the client left; a wait past its ``free_wait``
+        runs the code with what is left (``_run_in_time``).
         """
-        arrived = time.monotonic()
         _check_language(request.language)
         files = check_files(request.files, request.fetch_files, self.settings)
         _check_seconds("run_timeout", request.run_timeout)
@@ -122,14 +127,11 @@ class SandboxService:
                 script=script,
                 auto_print=self.sandbox.auto_print,
             )
-        asked = (
-            self.settings.default_run_timeout
-            if request.run_timeout is None
-            else request.run_timeout
-        )
+        free = self.free_wait(request.compile_timeout, request.run_timeout, timeout)
+        queued = time.monotonic()
         result = await self._run(
-            lambda: self._run_in_time(call, answer_by=arrived + request.compile_timeout + asked),
-            wait=self.queue_budget(request.compile_timeout, request.run_timeout, timeout),
+            lambda: self._run_in_time(call, excess=time.monotonic() - queued - free),
+            wait=free + timeout / 2,
             gone=gone,
             passthrough=(Overloaded,),
         )
@@ -257,27 +259,27 @@ class SandboxService:
             requested = settings.default_run_timeout
         return min(requested, settings.max_run_timeout)
 
-    def queue_budget(
+    def free_wait(
         self, compile_timeout: float, run_timeout: float | None, applied_timeout: float
     ) -> float:
-        """Seconds a ``/run_code`` request may wait for a slot, from its own timeouts.
+        """Seconds a ``/run_code`` request may wait for a slot and still run its whole
+        ``run_timeout``; it may wait half its run time more (``run_code``), then runs
+        with what is left (``_run_in_time``).
 
         A SandboxFusion client allows a request ``compile_timeout + run_timeout``
         seconds and more (verl: ``+ 10`` s), since SandboxFusion may spend that
         long compiling and running it; its runner bounds the run by wall time, so
         under load a program there runs slower within the same limit. Python
         compiles nothing, so the request may wait ``compile_timeout``, plus the part
-        of ``run_timeout`` the server clamped away, plus half the time it runs for:
-        it then runs with what is left of ``compile_timeout + run_timeout`` (at
-        least half its time, ``_run_in_time``). Waiting and running together take
+        of ``run_timeout`` the server clamped away: waiting and running together take
         no longer than SandboxFusion could have, and the answer reaches the client
-        before its read timeout. Why half: a client that does not retry a 504
-        (Reasoning360's coder1) lost a third of its correct answers to a 10 s bound
-        under a burst, while its programs needed under a second. ``Admission`` caps
-        this at ``queue_timeout``.
+        before its read timeout. Why half its run time more: a client that does not
+        retry a 504 (Reasoning360's coder1) lost a third of its correct answers to a
+        10 s bound under a burst, while its programs needed under a second.
+        ``Admission`` caps the whole wait at ``queue_timeout``.
         """
         asked = self.settings.default_run_timeout if run_timeout is None else run_timeout
-        return compile_timeout + max(0.0, asked - applied_timeout) + applied_timeout / 2
+        return compile_timeout + max(0.0, asked - applied_timeout)
 
     def clamp_memory(self, requested: int | None) -> int | None:
         """The memory cap for a call: below 1 (SandboxFusion's -1) means the server's cap."""
@@ -322,17 +324,20 @@ class SandboxService:
                     latency=time.perf_counter() - started,
                 )
 
-    async def _run_in_time(self, request: RunRequest, *, answer_by: float) -> ExecResult:
-        """Run ``request`` with no more time than is left before ``answer_by``.
+    async def _run_in_time(self, request: RunRequest, *, excess: float) -> ExecResult:
+        """Run ``request`` with its time less ``excess``, the seconds it waited for a slot
+        past its ``free_wait``.
 
-        A request that waited past its ``compile_timeout`` for a slot runs with what is
-        left. Should it then be stopped at that shorter limit, the server, not the code,
-        took its time: the answer is 504 (verl retries it), never a TimeLimitExceeded
-        the code did not earn.
+        Should it then be stopped at that shorter limit, the server, not the code, took
+        its time: the answer is 504 (verl retries it), never a TimeLimitExceeded the code
+        did not earn. A request that did not wait past its ``free_wait`` (give or take
+        ``WAIT_TOLERANCE``) runs its whole time: with ``compile_timeout: 0`` the
+        moments spent parsing it and taking a free slot made every program that ran to
+        its limit a 504 (twenty-fourth outside check).
         """
-        left = answer_by - time.monotonic()
-        if left >= request.timeout:
+        if excess <= WAIT_TOLERANCE:
             return await self._run_request(request)
+        left = request.timeout - excess
         busy = (
             f"the server was busy: the code waited for a run slot and then had "
             f"{max(left, 0):.1f} s of its {request.timeout:g} s"

@@ -43,9 +43,10 @@ class ServerSettings(BaseModel):
     queue_timeout: float | None = Field(default=30.0, gt=0)
     """The most seconds any request waits for a slot before it is refused with HTTP
     504 (clients such as verl retry on 504); None: no cap. A ``/run_code`` request
-    waits less when its own timeouts say so: at most its ``compile_timeout`` plus
-    the part of its ``run_timeout`` clamped away (``SandboxService.queue_budget``),
-    so the 504 reaches the client before its read timeout."""
+    waits less when its own timeouts say so: at most its ``compile_timeout``, the
+    part of its ``run_timeout`` clamped away and half the time it runs for
+    (``SandboxService.free_wait``), so its answer reaches the client before its
+    read timeout."""
     header_timeout: float = Field(default=5.0, gt=0, le=300)
     """Seconds a connection has to send a request's headers (from when it opened, or
     from the first byte of a later request on it); past that it gets 408 and is
