@@ -95,8 +95,12 @@ class RunRequest:
             raise ValueError(
                 f"fetch_budget of {self.fetch_budget} bytes; from 0 to {wire.MAX_FETCH_BYTES}"
             )
-        if self.stack_mb is not None and not 1 <= self.stack_mb <= MAX_STACK_MB:
-            raise ValueError(f"stack_mb of {self.stack_mb}; from 1 to {MAX_STACK_MB}")
+        if self.stack_mb is not None and (
+            isinstance(self.stack_mb, bool)
+            or not isinstance(self.stack_mb, int)
+            or not 1 <= self.stack_mb <= MAX_STACK_MB
+        ):
+            raise ValueError(f"stack_mb of {self.stack_mb!r}; an integer from 1 to {MAX_STACK_MB}")
         if self.cell_output_chars is not None and self.cell_output_chars < 0:
             raise ValueError(f"cell_output_chars of {self.cell_output_chars}; at least 0")
         object.__setattr__(self, "cells", tuple(self.cells))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import math
 import secrets
 import time
 from dataclasses import dataclass
@@ -66,6 +67,8 @@ class CallProgress:
 
     code_started = False
     ended: dict[str, Any] | None = None
+    deadline = math.inf
+    """The ``time.monotonic()`` past which the host stops waiting for the call."""
     """The agent's ``ended`` frame: the outcome, sent ahead of a result that may be slow."""
 
 
@@ -203,7 +206,6 @@ class DockerBackend(Backend):
             waited = time.perf_counter() - started
             progress = CallProgress()
             oom_before = self.container_oom_count(container)
-            due = time.monotonic() + request.timeout + self.config.host_grace
             try:
                 reply = await self._call(container, request, progress, frame)
             except (TimeoutError, ProtocolError) as exc:
@@ -222,7 +224,7 @@ class DockerBackend(Backend):
                 finally:
                     pool.retire(container)
                 if (
-                    (isinstance(exc, ProtocolError) or time.monotonic() < due)
+                    (isinstance(exc, ProtocolError) or time.monotonic() < progress.deadline)
                     and not progress.code_started
                     and attempt < RETRIES_BEFORE_START
                     and not oom
@@ -377,7 +379,7 @@ class DockerBackend(Backend):
         progress = progress or CallProgress()
         sent = time.monotonic()
 
-        deadline = sent + request.timeout + self.config.host_grace
+        deadline = progress.deadline = sent + request.timeout + self.config.host_grace
         start_deadline = min(deadline, sent + START_GRACE)
         await container.channel.send(frame, timeout=START_GRACE)
         while True:
