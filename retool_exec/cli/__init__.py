@@ -15,6 +15,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from retool_exec._errors import BackendUnavailableError, ConfigError, RetoolExecError
 from retool_exec.cli._common import (
@@ -25,6 +26,7 @@ from retool_exec.cli._common import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
     SETTINGS_HELP,
+    UsageError,
     backend_list,
 )
 
@@ -67,9 +69,29 @@ def build_parser() -> argparse.ArgumentParser:
         except ModuleNotFoundError as exc:
             if exc.name == f"retool_exec.cli.cmd_{name}":
                 continue
-            raise
+            if exc.name is None or exc.name.startswith("retool_exec"):
+                raise
+            _register_missing(subparsers, name, exc)
+            continue
         module.register(subparsers)
     return parser
+
+
+def _register_missing(subparsers: Any, name: str, missing: ModuleNotFoundError) -> None:
+    """A subcommand whose optional extra is not installed: it says so when used.
+
+    Why: ``serve`` imported the server package at the top, so without the ``server``
+    extra every command (``run`` too) failed with a traceback."""
+    message = str(missing) if "pip install" in str(missing) else f"needs {missing.name}"
+
+    def refuse(_args: argparse.Namespace) -> int:
+        raise UsageError(message)
+
+    parser = subparsers.add_parser(
+        name, help=f"(not installed: {missing.name})", add_help=False, prefix_chars="\0"
+    )
+    parser.add_argument("rest", nargs="*")  # whatever was given: the command is missing
+    parser.set_defaults(handler=refuse)
 
 
 def _one_line(exc: BaseException) -> str:

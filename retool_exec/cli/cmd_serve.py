@@ -28,6 +28,7 @@ from retool_exec.cli._common import (
     sigterm_stops_quietly,
 )
 from retool_exec.server.guards import is_loopback
+from retool_exec.server.settings import ServerSettings
 
 __all__ = ["TOKEN_ENV", "bind_socket", "build_config", "is_loopback", "register"]
 
@@ -123,7 +124,7 @@ def register(subparsers: Any) -> None:
         "--max-body-mb",
         dest="max_body_bytes",
         type=_mebibytes,
-        default=8 << 20,
+        default=ServerSettings.model_fields["max_body_bytes"].default,
         metavar="M",
         help="largest request body in MiB, else 413 (8; verl's JSON spends up to 6 bytes "
         "on a character of stdin)",
@@ -149,13 +150,15 @@ def register(subparsers: Any) -> None:
 
 
 def _mebibytes(text: str) -> int:
-    """``--max-body-mb``'s value in bytes: a finite number of MiB above zero."""
+    """``--max-body-mb``'s value in bytes: a finite number of MiB, 1 KiB at least."""
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and 0 < value <= 1 << 20):
-        raise argparse.ArgumentTypeError(f"expected MiB above 0 (at most 1048576), got {text!r}")
+    if not (math.isfinite(value) and 1 / 1024 <= value <= 1 << 20):
+        raise argparse.ArgumentTypeError(
+            f"expected MiB from 0.001 (1 KiB) to 1048576, got {text!r}"
+        )
     return int(value * (1 << 20))
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -135,3 +137,27 @@ def test_read_code_needs_exactly_one_program(file: str | None, code: str | None)
 
 def test_usage_errors_are_config_errors() -> None:
     assert issubclass(UsageError, ConfigError)
+
+
+def test_commands_work_without_the_server_extra() -> None:
+    """``serve`` imported the server package at its top: without fastapi every command,
+    ``run`` too, failed with a traceback. Now only ``serve`` says what to install."""
+    blocked = "import sys; sys.modules['fastapi'] = None; from retool_exec.cli import main; "
+    run = subprocess.run(
+        [sys.executable, "-c", blocked + "sys.exit(main(['run', '-c', 'print(2 + 3)']))"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (run.returncode, run.stdout) == (0, "5\n"), run.stderr
+    serve = subprocess.run(
+        [sys.executable, "-c", blocked + "sys.exit(main(['serve', '--port', '1']))"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert serve.returncode == 2
+    assert "pip install 'retool_exec[server]'" in serve.stderr
+    assert "Traceback" not in serve.stderr
