@@ -223,9 +223,9 @@ class Slots:
 
     Each held slot is a lease naming its caller's loop, recorded when the slot is
     handed over: one held from a loop that is closed or gone is taken back while a
-    caller waits (checked every ``RECLAIM_POLL`` s by the first in line), and never
-    given back twice. Slots are counted, not stored: a count of ``2**40`` costs what
-    a count of 2 does (``max_workers=2**40`` froze the first call).
+    caller waits (checked every ``RECLAIM_POLL`` s), and never given back twice.
+    Slots are counted, not stored: a count of ``2**40`` costs what a count of 2 does
+    (``max_workers=2**40`` froze the first call).
     """
 
     def __init__(self, count: int) -> None:
@@ -235,6 +235,7 @@ class Slots:
         self._free = count
         self._held: set[_Lease] = set()
         self._waiting: deque[_Lease] = deque()
+        self._last_reclaim = 0.0
 
     @property
     def free(self) -> int:
@@ -258,7 +259,7 @@ class Slots:
             self._waiting.append(lease)
         # One timer, not a timed wait: a wait with a timeout cost the calls at 16 callers
         # 3% of their throughput in the benchmark.
-        lease.poll = loop.call_later(RECLAIM_POLL, self._poll, lease, loop.time())
+        poll = loop.call_later(RECLAIM_POLL, self._poll, lease, loop.time())
         try:
             await future
             return lease
@@ -268,26 +269,27 @@ class Slots:
             self._give_up(lease)
             raise
         finally:
-            if lease.poll is not None:
-                with contextlib.suppress(RuntimeError):
-                    lease.poll.cancel()
+            with contextlib.suppress(RuntimeError):
+                poll.cancel()  # a later one finds the wait over and stops
 
     def _poll(self, lease: _Lease, began: float) -> None:
-        """On the waiter's loop, every ``RECLAIM_POLL`` s: the first in line looks for
-        slots held from loops that are closed or gone."""
+        """On the waiter's loop, every ``RECLAIM_POLL`` s: look for slots held from loops
+        that are closed or gone (at most once a poll for all waiters together).
+
+        Every waiter looks, not only the first in line: the first may itself be on a loop
+        that stopped, whose timer never fires, and then nobody looked (a step that
+        gathered more calls than ``max_workers`` and was dropped stopped every later
+        call; twenty-fifth outside check)."""
         future = lease.future() if lease.future is not None else None
         loop = lease.loop()
         if future is None or future.done() or loop is None:
             return
-        if self._first(lease):
+        now = time.monotonic()
+        if now - self._last_reclaim >= RECLAIM_POLL:
+            self._last_reclaim = now
             self._reclaim_abandoned(loop.time() - began)
-        if not future.done():
-            lease.poll = loop.call_later(RECLAIM_POLL, self._poll, lease, began)
-
-    def _first(self, lease: _Lease) -> bool:
-        """Whether ``lease`` is first in line (it alone looks for abandoned slots)."""
-        with self._lock:
-            return bool(self._waiting) and self._waiting[0] is lease
+        if not future.done():  # not kept on the lease: it holds its loop, strongly
+            loop.call_later(RECLAIM_POLL, self._poll, lease, began)
 
     def release(self, lease: _Lease) -> None:
         """Give a slot back (once: a lease taken back from a closed loop is ignored)."""
@@ -334,6 +336,9 @@ class Slots:
             held = list(self._held)
         collect_stalled((lease.loop for lease in held), waited)
         with self._lock:
+            for lease in list(self._waiting):  # waiters on loops closed or gone: left
+                if abandoned(lease.loop):
+                    self._waiting.remove(lease)
             for lease in list(self._held):
                 if abandoned(lease.loop):
                     self._held.discard(lease)
@@ -343,15 +348,13 @@ class Slots:
 class _Lease:
     """One slot held or asked for, and the loop of its caller (both weakly)."""
 
-    __slots__ = ("future", "loop", "poll")
+    __slots__ = ("future", "loop")
 
     def __init__(
         self, loop: asyncio.AbstractEventLoop, future: asyncio.Future[None] | None = None
     ) -> None:
         self.loop: LoopRef = weakref.ref(loop)
         self.future = None if future is None else weakref.ref(future)
-        self.poll: asyncio.TimerHandle | None = None
-        """While it waits: the timer of its next look for abandoned slots."""
 
 
 class _Held:

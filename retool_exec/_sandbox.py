@@ -19,13 +19,11 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
-import contextlib
 import logging
 import os
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Coroutine, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -406,21 +404,6 @@ class Sandbox:
         """Async ``start``."""
         await self._acall_in_loop(self._ensure_started())
 
-    def __del__(self) -> None:
-        """A sandbox dropped without ``close()`` is closed, in a thread of its own.
-
-        Why: its containers and its loop thread stayed for the rest of the process, and
-        the exit hook, which holds sandboxes weakly, no longer saw it (twenty-third outside
-        check). A thread: the collector runs in any thread, the sandbox's own loop thread
-        too, where a close cannot wait for that loop."""
-        if getattr(self, "_closed", True) or getattr(self, "_owner_pid", None) != os.getpid():
-            return
-        if self._portal is None:  # nothing started: nothing to wait for
-            self.close()
-            return
-        with contextlib.suppress(Exception):  # at interpreter shutdown: the exit hook closes
-            threading.Thread(target=self.close, name="retool-exec-close").start()
-
     def close(self) -> None:
         """Close the backend (removing its processes/containers) and stop the loop. Idempotent."""
         if os.getpid() != self._owner_pid:
@@ -679,7 +662,12 @@ class SessionContext:
             await self._session.aclose()
 
 
-_open_sandboxes: weakref.WeakSet[Sandbox] = weakref.WeakSet()
+_open_sandboxes: set[Sandbox] = set()
+"""Every sandbox not yet closed, held strongly: one dropped without ``close()`` stays open
+(with its containers) until the interpreter exits, where ``_close_open_sandboxes`` closes
+it. Why not close it when it is collected: a sandbox collected in a reference cycle had
+its removal threads stopped by the collector first (they hold their pool weakly), and its
+close then waited for ever, so the process never exited (twenty-fifth outside check)."""
 
 
 @atexit.register

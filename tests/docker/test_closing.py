@@ -166,7 +166,13 @@ print(os.getpid(), flush=True)
 if sys.argv[1] == "dropped":
     del sandbox
     gc.collect()
-    sys.stdin.readline()  # alive until the test has looked
+if sys.argv[1] == "dropped-in-a-cycle":  # collected as garbage, its threads stopped first
+    class Holder:
+        def __init__(self, sandbox):
+            self.sandbox, self.me = sandbox, self
+    Holder(sandbox)
+    del sandbox
+    gc.collect()
 if sys.argv[1] == "left-to-a-thread":  # main returns; the worker goes on using it
     import threading
     def work():
@@ -192,10 +198,14 @@ def _owned_by(pid: int) -> list[str]:
         client.close()
 
 
-@pytest.mark.parametrize("forgotten", ["at exit", "dropped", "left to a thread"])
+@pytest.mark.parametrize(
+    "forgotten", ["at exit", "dropped", "dropped in a cycle", "left to a thread"]
+)
 def test_a_sandbox_never_closed_leaves_no_container(forgotten: str) -> None:
     """At exit (``concurrent.futures`` had stopped the removal threads before ``atexit``)
-    and when dropped and collected (nothing closed it): every container stayed."""
+    and when dropped (nothing closed it): every container stayed. Closed when collected,
+    a sandbox in a reference cycle hung its process at exit (its removal threads had
+    been stopped by the collector first): a sandbox left open stays open until exit."""
     require_docker()
     [(label, value)] = LABELS.items()
     program = FORGETFUL.format(label=label, value=value)
@@ -209,13 +219,6 @@ def test_a_sandbox_never_closed_leaves_no_container(forgotten: str) -> None:
         try:
             assert child.stdout is not None and child.stdin is not None
             pid = int(child.stdout.readline())
-            if forgotten == "dropped":
-                deadline = time.monotonic() + 30
-                while _owned_by(pid):  # removed while the process lives on
-                    assert time.monotonic() < deadline, "the dropped sandbox kept its containers"
-                    time.sleep(0.2)
-                child.stdin.write("\n")
-                child.stdin.flush()
             if forgotten == "left to a thread":  # closed after the thread, not under it
                 assert child.stdout.read() == "0\n1\n2\n"
             assert child.wait(60) == 0

@@ -305,6 +305,38 @@ def test_a_slot_held_from_a_loop_dropped_unclosed_comes_back() -> None:
     assert slots.free == 1
 
 
+@pytest.mark.filterwarnings("ignore::ResourceWarning")  # asyncio's "unclosed event loop"
+@pytest.mark.parametrize("ending", ["closed", "dropped"])
+def test_a_loop_with_more_calls_than_slots_ended_under_them_stops_nobody(ending: str) -> None:
+    """One call holds the slot, one waits first in line, both on a loop then closed or
+    dropped: the waiter's own timer never fired, it alone looked for abandoned slots,
+    and every later call waited for ever (twenty-fifth outside check)."""
+    _handoff._Collections.last = 0.0
+    slots = Slots(1)
+
+    def step() -> None:
+        loop = asyncio.new_event_loop()
+
+        async def call() -> None:
+            async with slots.hold():
+                await asyncio.sleep(3600)
+
+        tasks = [loop.create_task(call()) for _ in range(2)]
+        loop.run_until_complete(asyncio.wait(tasks, timeout=0.05))
+        if ending == "closed":
+            loop.close()
+
+    step()
+    assert (slots.free, len(slots._waiting)) == (0, 1)
+
+    async def next_call() -> None:
+        async with slots.hold():
+            pass
+
+    asyncio.run(asyncio.wait_for(next_call(), 10))
+    assert slots.free == 1
+
+
 def test_slots_are_counted_not_stored() -> None:
     """``max_workers=2**40`` built 2**40 tokens: the first call never returned."""
     slots = Slots(2**40)
