@@ -94,18 +94,9 @@ class Sandbox:
             or not (0 < session_ttl <= _MAX_TIMEOUT)
         ):
             raise ConfigError(f"session_ttl must be in (0, {_MAX_TIMEOUT:.0f}] s: {session_ttl}")
-        if max_workers is not None and (
-            isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1
-        ):
-            raise ConfigError(f"max_workers must be an integer of at least 1, got {max_workers!r}")
-        if (
-            isinstance(max_code_chars, bool)
-            or not isinstance(max_code_chars, int)
-            or max_code_chars < 1
-        ):
-            raise ConfigError(
-                f"max_code_chars must be an integer of at least 1, got {max_code_chars!r}"
-            )
+        if max_workers is not None:
+            _check_count("max_workers", max_workers)
+        _check_count("max_code_chars", max_code_chars)
         self.backend, self.timeout = resolve_backend(backend, timeout=timeout)
         capacity = self.backend.capacity
         if max_workers is None:  # as many as the backend runs at once (the seed's 8 if unbounded)
@@ -609,6 +600,12 @@ class LocalPythonSandbox(Sandbox):
             LocalConfig(python=python, timeout=timeout), timeout=timeout, max_workers=max_workers
         )
         self.python = python
+
+
+def _check_count(name: str, value: object) -> None:
+    """An int (not a bool) of at least 1, else a ConfigError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be an integer of at least 1, got {value!r}")
 
 
 def _check_timeout(timeout: object) -> None:

@@ -142,22 +142,20 @@ def test_usage_errors_are_config_errors() -> None:
 def test_commands_work_without_the_server_extra() -> None:
     """``serve`` imported the server package at its top: without fastapi every command,
     ``run`` too, failed with a traceback. Now only ``serve`` says what to install."""
-    blocked = "import sys; sys.modules['fastapi'] = None; from retool_exec.cli import main; "
-    run = subprocess.run(
-        [sys.executable, "-c", blocked + "sys.exit(main(['run', '-c', 'print(2 + 3)']))"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    run = _cli_without_fastapi(["run", "-c", "print(2 + 3)"])
     assert (run.returncode, run.stdout) == (0, "5\n"), run.stderr
-    serve = subprocess.run(
-        [sys.executable, "-c", blocked + "sys.exit(main(['serve', '--port', '1']))"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    serve = _cli_without_fastapi(["serve", "--port", "1"])
     assert serve.returncode == 2
     assert "pip install 'retool_exec[server]'" in serve.stderr
     assert "Traceback" not in serve.stderr
+
+
+def _cli_without_fastapi(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """``retool-exec ARGV`` in a fresh interpreter where fastapi cannot be imported."""
+    program = (
+        "import sys; sys.modules['fastapi'] = None; from retool_exec.cli import main; "
+        f"sys.exit(main({argv!r}))"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=False
+    )

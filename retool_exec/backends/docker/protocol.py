@@ -149,14 +149,15 @@ class AgentChannel:
                 self._sock.close()
                 return
             loop, waiter = self._waiting[0](), self._waiting[1]()
-        try:
-            if loop is None or waiter is None:
-                raise RuntimeError("the waiting loop is gone")
-            loop.call_soon_threadsafe(_wake, waiter)  # its wait closes the socket once it ends
-        except RuntimeError:  # that loop is closed or gone: its wait never resumes
-            with self._lock:
-                self._waiting = None
-                self._sock.close()
+        if loop is not None and waiter is not None:
+            try:
+                loop.call_soon_threadsafe(_wake, waiter)  # its wait closes the socket at its end
+                return
+            except RuntimeError:  # that loop is closed
+                pass
+        with self._lock:  # the wait never resumes: the socket closes now
+            self._waiting = None
+            self._sock.close()
 
     def _read_available(self) -> bool:
         """Read until a frame is parsed or nothing more has come; False if nothing came."""
