@@ -48,6 +48,7 @@ Any other hook (a preloaded library that registers one) keeps ``os.fork()``.
 
 from __future__ import annotations
 
+import _thread
 import ctypes
 import os
 import signal
@@ -69,6 +70,8 @@ class Fork:
     """The fork in use: ``os.fork`` twice unless ``choose`` found the plain clone safe."""
 
     plain: Callable[[], int] | None = None
+    main_thread = threading.main_thread()
+    """The zygote's (``choose`` looks again): a copy's main thread is the same object."""
 
 
 @contextmanager
@@ -98,6 +101,7 @@ def _caller_module() -> str:
 def choose(registered: list[str]) -> bool:
     """Use the plain fork when it is safe (see the module docstring); whether it is."""
     Fork.plain = None
+    Fork.main_thread = threading.main_thread()
     if set(registered) - KNOWN_HOOK_MODULES:
         return False
     try:
@@ -157,8 +161,14 @@ def fork() -> int:
         errno = ctypes.get_errno()
         raise OSError(errno, f"clone: {os.strerror(errno)}")
     if pid == 0:
-        threading.main_thread()._set_native_id()  # type: ignore[attr-defined]
+        _name_main_thread()
     return pid
+
+
+def _name_main_thread() -> None:
+    """In the copy: its main thread's ``native_id`` is its own (what ``threading``'s at-fork
+    hook does), set without that method's Python frames (~15 page copies per child)."""
+    Fork.main_thread._native_id = _thread.get_native_id()  # type: ignore[attr-defined]
 
 
 def _fork_twice() -> int:
@@ -179,7 +189,7 @@ def _fork_twice() -> int:
             os._exit(1)
         if copy == 0:
             os.close(pid_w)
-            threading.main_thread()._set_native_id()  # type: ignore[attr-defined]
+            _name_main_thread()
             return 0
         os.write(pid_w, PID.pack(copy))
         os._exit(0)

@@ -176,6 +176,9 @@ class SandboxDrop:
         self._none_header = ctypes.pointer(_CapHeader(_CAPABILITY_VERSION_3, 0))
         self._read = (_CapData * 2)()
         self._read_header = ctypes.pointer(_CapHeader(_CAPABILITY_VERSION_3, 0))
+        # What the check compares with: every set empty, and the uids, made here.
+        self._cleared = bytes(ctypes.sizeof(self._read))
+        self._ids = (sandbox.uid,) * 3
         self._prctl, self._capset, self._capget = _libc.prctl, _libc.capset, _libc.capget
         self._program = ctypes.create_string_buffer(syscall_program, len(syscall_program))
         self._fprog = ctypes.pointer(
@@ -233,8 +236,9 @@ class SandboxDrop:
             raise OSError(ctypes.get_errno(), "capset")
         if self._capget(self._read_header, self._read) != 0:
             raise OSError(ctypes.get_errno(), "capget")
-        held = any(word.effective or word.permitted for word in self._read)
-        if os.getresuid() != (sandbox.uid,) * 3 or held:
+        # The raw sets, not the structures' fields: each field read builds objects in
+        # the child (pages it copies); the sets were all asked empty, so all must be.
+        if os.getresuid() != self._ids or bytes(self._read) != self._cleared:
             raise PermissionError(f"could not become the sandbox user: {os.getresuid()}")
 
 
