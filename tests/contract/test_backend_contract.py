@@ -619,8 +619,15 @@ class TestBackendContract:
             "b.inner.inner.f.write('42')\n"
             "def helper():\n"
             "    return b",
+            # A module deleted from sys.modules first: the agent's end then reads every
+            # name (zygote.ModulesAtStart), and still finds the call's own module.
+            "import sys\n"
+            "del sys.modules['os']\n"
+            "lines = ['log = open(\"answer.txt\", \"w\")', 'log.write(\"42\")']\n"
+            "open('helper.py', 'w').write('\\n'.join(lines) + '\\n')\n"
+            "import helper",
         ],
-        ids=["an-imported-module-beside-a-function", "three-levels-down"],
+        ids=["an-imported-module-beside-a-function", "three-levels-down", "after-a-deletion"],
     )
     def test_a_file_held_further_away_is_flushed_too(self, sandbox: Sandbox, code: str) -> None:
         result = sandbox.run_code(code, fetch=["answer.txt"])
