@@ -551,13 +551,15 @@ def end_all_calls(budget: float = 2.0) -> list[int]:
     """Kill and reap until no call process is left, not even a zombie (or ``budget`` runs
     out); what is left."""
     give_up = time.monotonic() + budget
-    while True:
+    left = call_processes()  # mostly none: the call's process was reaped with its result
+    while left:
         kill_calls()
         take_exit_messages()
         left = call_processes()
         if not left or time.monotonic() > give_up:
-            return left
+            break
         time.sleep(0.002)
+    return left
 
 
 def open_oom_counter() -> None:
