@@ -623,7 +623,7 @@ class TestBackendContract:
             # name (zygote.ModulesAtStart), and still finds the call's own module.
             "import sys\n"
             "del sys.modules['os']\n"
-            "lines = ['log = open(\"answer.txt\", \"w\")', 'log.write(\"42\")']\n"
+            'lines = [\'log = open("answer.txt", "w")\', \'log.write("42")\']\n'
             "open('helper.py', 'w').write('\\n'.join(lines) + '\\n')\n"
             "import helper",
         ],
