@@ -626,11 +626,67 @@ class TestBackendContract:
             'lines = [\'log = open("answer.txt", "w")\', \'log.write("42")\']\n'
             "open('helper.py', 'w').write('\\n'.join(lines) + '\\n')\n"
             "import helper",
+            # Held by a class attribute, and by a closure (twenty-seventh red-team round).
+            "open('helper.py', 'w').write('class C:\\n  f = open(\"answer.txt\", \"w\")\\n"
+            'C.f.write("42")\\n\')\n'
+            "import helper",
+            "open('helper.py', 'w').write('def make():\\n  f = open(\"answer.txt\", \"w\")\\n"
+            '  f.write("42")\\n  return lambda: f\\nheld = make()\\n\')\n'
+            "import helper",
         ],
-        ids=["an-imported-module-beside-a-function", "three-levels-down", "after-a-deletion"],
+        ids=[
+            "an-imported-module-beside-a-function",
+            "three-levels-down",
+            "after-a-deletion",
+            "a-class-attribute",
+            "a-closure",
+        ],
     )
     def test_a_file_held_further_away_is_flushed_too(self, sandbox: Sandbox, code: str) -> None:
         result = sandbox.run_code(code, fetch=["answer.txt"])
+        assert result.files == {"answer.txt": b"42"}, result
+
+    @pytest.mark.parametrize(
+        "change",
+        [
+            "class Modules(dict):\n"
+            "    def __reversed__(self):\n"
+            "        while True:\n"
+            "            yield 'zz'\n"
+            "    def get(self, *args):\n"
+            "        while True:\n"
+            "            pass\n"
+            "sys.modules = Modules(sys.modules)",
+            "class Name(str):\n"
+            "    def __eq__(self, other):\n"
+            "        while True:\n"
+            "            pass\n"
+            "    __hash__ = str.__hash__\n"
+            "sys.modules[Name('evil')] = helper",
+            "sys.modules = None",
+            "import types\n"
+            "big = [0] * 10000\n"
+            "for i in range(20000):\n"
+            "    extra = types.ModuleType(f'extra{i}')\n"
+            "    extra.big = big\n"
+            "    sys.modules[f'extra{i}'] = extra",
+        ],
+        ids=["a-dict-subclass", "a-looping-key", "rebound-to-none", "twenty-thousand-modules"],
+    )
+    def test_the_end_runs_none_of_the_codes_methods_on_its_modules(
+        self, sandbox: Sandbox, change: str
+    ) -> None:
+        """python3 finalizes its own module dict at the end, without the code's methods;
+        the Docker agent's end ran them (a loop until the time limit, or an unbounded
+        list: "oom"), or lost a file's text, as the twenty-seventh red-team round found."""
+        code = (
+            "import sys\n"
+            "open('helper.py', 'w').write('log = open(\"answer.txt\", \"w\")\\n"
+            'log.write("42")\\n\')\n'
+            "import helper\n" + change + "\nprint('x')"
+        )
+        result = sandbox.run_code(code, timeout=10, fetch=["answer.txt"])
+        assert (result.outcome, result.stdout) == (Outcome.SUCCESS, "x\n"), result
         assert result.files == {"answer.txt": b"42"}, result
 
     def test_a_finalizer_that_ends_the_process_chooses_its_status(self, sandbox: Sandbox) -> None:

@@ -44,9 +44,9 @@ import threading
 import traceback
 import types
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from importlib.machinery import BuiltinImporter
-from typing import Any
+from typing import Any, cast
 
 from . import forking, generators, identity, reset, trees, wire
 from .auto_print import compile_auto_printed, stdlib_ast
@@ -953,27 +953,47 @@ class ModulesAtStart:
     and then every name is read against those the zygote had (``Setup.module_names``);
     only one that moved it and also deleted as many entries as it added before is not
     (its own modules then go unfinalized, which only its own output can suffer).
+
+    The dict is the interpreter's own, kept here (python3 finalizes that one, whatever
+    ``sys.modules`` names at the end), and it is read with no method of the code's:
+    items in reverse (no lookup, so no key's ``__eq__``), exact ``str`` names only,
+    module objects told by their type (twenty-seventh red-team round: a dict subclass
+    bound to ``sys.modules``, or a key whose ``__eq__`` loops, made the end run the
+    code's methods until its time was up).
     """
 
     def __init__(self) -> None:
-        self.count = len(sys.modules)
-        self.last = next(reversed(sys.modules))
-        self.last_module = sys.modules[self.last]
+        self.modules = sys.modules
+        self.count = len(self.modules)
+        self.last = next(reversed(self.modules.items()))
 
-    def added(self) -> list[str]:
-        """The names the call added, as ``sys.modules`` orders them, ``__main__`` first."""
-        modules = sys.modules
-        tail: list[str] = []
-        for name in reversed(modules):
-            if name == self.last and modules.get(name) is self.last_module:
+    def added(self) -> list[tuple[str, types.ModuleType]]:
+        """The call's modules (name, module), as ``sys.modules`` orders them, ``__main__``
+        first."""
+        modules = self.modules
+        last_name, last_module = self.last
+        tail: list[tuple[object, object]] = []
+        for name, module in reversed(modules.items()):
+            if name is last_name and module is last_module:
                 break
-            tail.append(name)
+            tail.append((name, module))
         if len(modules) - len(tail) == self.count:
-            candidates = reversed(tail)
+            candidates: Iterable[tuple[object, object]] = reversed(tail)
         else:  # an entry before the mark was deleted or moved: read them all
-            candidates = iter(list(modules))
-        main = ["__main__"] if "__main__" in modules else []
-        return main + [n for n in candidates if n != "__main__" and n not in Setup.module_names]
+            candidates = list(modules.items())
+        found: list[tuple[str, types.ModuleType]] = []
+        main = modules.get("__main__")  # (where the zygote had it: before the mark)
+        if main is not None and issubclass(type(main), types.ModuleType):
+            found.append(("__main__", main))
+        for key, value in candidates:
+            if (
+                type(key) is str
+                and issubclass(type(value), types.ModuleType)
+                and key != "__main__"
+                and key not in Setup.module_names
+            ):
+                found.append((key, cast(types.ModuleType, value)))
+        return found
 
 
 def _finalize_modules(before: ModulesAtStart) -> None:
@@ -986,26 +1006,24 @@ def _finalize_modules(before: ModulesAtStart) -> None:
     (a report it printed with ``json`` failed; ``os._exit`` in one failed); collecting
     alone leaves what a module kept alive unfinalized (a text file an imported module
     left open lost its buffered text); the twenty-second red-team round's comparison."""
-    names = before.added()
-    for name in names:  # what the collection below finalizes in no set order
-        module = sys.modules.get(name)
-        if isinstance(module, types.ModuleType):
-            _flush_files_held_by(_module_dict(module))
+    added = before.added()
+    looks = FlushBudget(END_FLUSH_LOOKS)
+    for _name, module in added:  # what the collection below finalizes in no set order
+        _flush_files_held_by(_module_dict(module), looks)
     alive = []
-    for name in names:
-        module = sys.modules.get(name)
-        sys.modules[name] = None  # type: ignore[assignment]
-        if isinstance(module, types.ModuleType):
-            alive.append(weakref.ref(module))
-    module = None
+    for name, module in added:
+        before.modules[name] = None  # type: ignore[assignment]
+        alive.append(weakref.ref(module))
+    del module
+    added.clear()  # (only the weak references are left: the collection finalizes them)
     gc.collect()  # the zygote's own objects are frozen, not visited
     if threading.active_count() > 1:
         return  # a daemon thread runs on (python3 stops them): no globals taken from it
     for ref in reversed(alive):
-        module = ref()
-        if module is not None:
-            _clear_namespace(_module_dict(module))
-    module = None
+        still = ref()
+        if still is not None:
+            _clear_namespace(_module_dict(still))
+        del still
     gc.collect()
 
 
@@ -1017,7 +1035,20 @@ def _module_dict(module: types.ModuleType) -> dict[str, Any]:
 
 
 FLUSH_LOOKS = 10_000
-"""How many objects ``_flush_files_held_by`` looks at, at most."""
+"""How many objects ``_flush_files_held_by`` looks at, at most, for one namespace."""
+END_FLUSH_LOOKS = 100_000
+"""... and for all the modules of a call's end together: 20,000 modules of a call, each
+holding a long list, made the end look 10,000 objects each and pass the call's time
+(twenty-seventh red-team round)."""
+
+
+class FlushBudget:
+    """Looks left to ``_flush_files_held_by``, shared by the namespaces of one end."""
+
+    def __init__(self, looks: int) -> None:
+        self.left = looks
+
+
 FLUSH_DEPTH = 6
 """How far below a module's globals it looks (an object's attributes: one level)."""
 FLUSHED_TYPES = (_io.TextIOWrapper, _io.BufferedWriter, _io.BufferedRandom)
@@ -1026,42 +1057,65 @@ runs none of the code's methods."""
 CONTAINER_TYPES = (list, tuple, set, frozenset)
 
 
-def _flush_files_held_by(namespace: dict[str, Any]) -> None:
+def _flush_files_held_by(namespace: dict[str, Any], budget: FlushBudget | None = None) -> None:
     """Flush each open file a module holds: in a global, or below one in built-in
-    containers and objects' attributes (``FLUSH_DEPTH`` levels down, ``FLUSH_LOOKS``
-    objects at most).
+    containers, objects' attributes, classes' attributes and functions' closures
+    (``FLUSH_DEPTH`` levels down, ``FLUSH_LOOKS`` objects at most, fewer if ``budget``
+    has fewer left).
 
     Why: python3 writes what such a file buffered at its end, even when the module is in
     a cycle (a function defined beside the file); the collection that finalizes a cycle
     here closed a file's binary buffer before the text file above it, and the text was
-    lost (the review of the twentieth round's fix). Flushing first keeps it, in whatever
-    order the collection then finalizes them. Only exact built-in types are looked into
-    and flushed: none of the code's methods (``__iter__``, ``__class__``, a lazy
-    module's loading) runs here, where python3 runs none.
+    lost (the review of the twentieth round's fix; a class attribute and a closure, the
+    twenty-seventh round). Flushing first keeps it, in whatever order the collection
+    then finalizes them. Only exact built-in types are looked into and flushed, and a
+    class's or an object's own dict read by the interpreter's descriptor: none of the
+    code's methods (``__iter__``, ``__class__``, a lazy module's loading) runs here,
+    where python3 runs none.
     """
-    looked = 0
+    budget = budget or FlushBudget(FLUSH_LOOKS)
+    allowed = looks = min(FLUSH_LOOKS, budget.left)
     level: list[Any] = [namespace]
-    for _depth in range(FLUSH_DEPTH + 1):
-        below: list[Any] = []
-        for value in level:
-            looked += 1
-            if looked > FLUSH_LOOKS:
-                return
-            cls = type(value)
-            try:
-                if cls in FLUSHED_TYPES:
-                    if not value.closed:
-                        value.flush()
-                elif cls in CONTAINER_TYPES:
-                    below.extend(itertools.islice(value, FLUSH_LOOKS - looked))
-                elif cls is dict:
-                    below.extend(itertools.islice(dict.values(value), FLUSH_LOOKS - looked))
-                elif _plain_dict_of(cls):
-                    attributes = object.__getattribute__(value, "__dict__")
-                    below.extend(itertools.islice(dict.values(attributes), FLUSH_LOOKS - looked))
-            except BaseException:
-                pass  # the code's objects: their own failures
-        level = below
+    try:
+        for _depth in range(FLUSH_DEPTH + 1):
+            below: list[Any] = []
+            for value in level:
+                looks -= 1
+                if looks < 0:
+                    return
+                cls = type(value)
+                try:
+                    if cls in FLUSHED_TYPES:
+                        if not value.closed:
+                            value.flush()
+                    elif cls in CONTAINER_TYPES:
+                        below.extend(itertools.islice(value, looks))
+                    elif cls is dict:
+                        below.extend(itertools.islice(dict.values(value), looks))
+                    elif cls is types.FunctionType:
+                        for cell in value.__closure__ or ():
+                            below.append(cell.cell_contents)
+                    elif issubclass(cls, type):
+                        values = types.MappingProxyType.values(_class_dict(value))
+                        below.extend(itertools.islice(values, looks))
+                    elif _plain_dict_of(cls):
+                        attributes = object.__getattribute__(value, "__dict__")
+                        below.extend(itertools.islice(dict.values(attributes), looks))
+                except BaseException:
+                    pass  # the code's objects: their own failures (an empty cell)
+            level = below
+    finally:
+        budget.left -= allowed - max(looks, 0)
+
+
+_CLASS_DICT = type.__dict__["__dict__"]
+
+
+def _class_dict(cls: type) -> types.MappingProxyType[str, Any]:
+    """A class's own namespace, read without its metaclass (whose ``__dict__`` could be
+    the code's property): a proxy of the real dict the interpreter keeps."""
+    proxy: types.MappingProxyType[str, Any] = _CLASS_DICT.__get__(cls)
+    return proxy
 
 
 def _plain_dict_of(cls: type) -> bool:
@@ -1081,11 +1135,12 @@ def _clear_namespace(namespace: dict[str, Any]) -> None:
     (``_PyModule_ClearDict``): names of one leading underscore first, then every other
     but ``__builtins__``, each set to None, so objects go by their reference counts in
     that order."""
-    for name in list(namespace):
-        if isinstance(name, str) and name[:1] == "_" and name[1:2] != "_":
+    for name in list(namespace):  # (str's own methods: a subclass's run none of the code's)
+        text = issubclass(type(name), str)
+        if text and str.startswith(name, "_") and not str.startswith(name, "__"):
             namespace[name] = None
     for name in list(namespace):
-        if name != "__builtins__":
+        if not (issubclass(type(name), str) and str.__eq__(name, "__builtins__") is True):
             namespace[name] = None
 
 
