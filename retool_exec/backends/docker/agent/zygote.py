@@ -1008,8 +1008,9 @@ def _finalize_modules(before: ModulesAtStart) -> None:
     left open lost its buffered text); the twenty-second red-team round's comparison."""
     added = before.added()
     looks = FlushBudget(END_FLUSH_LOOKS)
+    owners = frozenset(name for name, _module in added)
     for _name, module in added:  # what the collection below finalizes in no set order
-        _flush_files_held_by(_module_dict(module), looks)
+        _flush_files_held_by(_module_dict(module), looks, owners)
     alive = []
     for name, module in added:
         before.modules[name] = None  # type: ignore[assignment]
@@ -1057,11 +1058,15 @@ runs none of the code's methods."""
 CONTAINER_TYPES = (list, tuple, set, frozenset)
 
 
-def _flush_files_held_by(namespace: dict[str, Any], budget: FlushBudget | None = None) -> None:
+def _flush_files_held_by(
+    namespace: dict[str, Any],
+    budget: FlushBudget | None = None,
+    owners: frozenset[str] = frozenset(),
+) -> None:
     """Flush each open file a module holds: in a global, or below one in built-in
-    containers, objects' attributes, classes' attributes and functions' closures
-    (``FLUSH_DEPTH`` levels down, ``FLUSH_LOOKS`` objects at most, fewer if ``budget``
-    has fewer left).
+    containers, objects' attributes, and the attributes and closures of the classes and
+    functions that modules named in ``owners`` (the call's) defined (``FLUSH_DEPTH``
+    levels down, ``FLUSH_LOOKS`` objects at most, fewer if ``budget`` has fewer left).
 
     Why: python3 writes what such a file buffered at its end, even when the module is in
     a cycle (a function defined beside the file); the collection that finalizes a cycle
@@ -1071,7 +1076,9 @@ def _flush_files_held_by(namespace: dict[str, Any], budget: FlushBudget | None =
     then finalizes them. Only exact built-in types are looked into and flushed, and a
     class's or an object's own dict read by the interpreter's descriptor: none of the
     code's methods (``__iter__``, ``__class__``, a lazy module's loading) runs here,
-    where python3 runs none.
+    where python3 runs none. The zygote's classes and functions are not looked into:
+    each object read there is a page the call's process copies (a call naming
+    ``BuiltinImporter`` cost ~0.1 ms).
     """
     budget = budget or FlushBudget(FLUSH_LOOKS)
     allowed = looks = min(FLUSH_LOOKS, budget.left)
@@ -1093,11 +1100,15 @@ def _flush_files_held_by(namespace: dict[str, Any], budget: FlushBudget | None =
                     elif cls is dict:
                         below.extend(itertools.islice(dict.values(value), looks))
                     elif cls is types.FunctionType:
-                        for cell in value.__closure__ or ():
-                            below.append(cell.cell_contents)
+                        if _owned(value.__module__, owners):
+                            for cell in value.__closure__ or ():
+                                below.append(cell.cell_contents)
+                            attributes = object.__getattribute__(value, "__dict__")
+                            below.extend(itertools.islice(dict.values(attributes), looks))
                     elif issubclass(cls, type):
-                        values = types.MappingProxyType.values(_class_dict(value))
-                        below.extend(itertools.islice(values, looks))
+                        if _owned(_TYPE_MODULE.__get__(value), owners):
+                            values = types.MappingProxyType.values(_class_dict(value))
+                            below.extend(itertools.islice(values, looks))
                     elif _plain_dict_of(cls):
                         attributes = object.__getattribute__(value, "__dict__")
                         below.extend(itertools.islice(dict.values(attributes), looks))
@@ -1109,6 +1120,12 @@ def _flush_files_held_by(namespace: dict[str, Any], budget: FlushBudget | None =
 
 
 _CLASS_DICT = type.__dict__["__dict__"]
+_TYPE_MODULE = type.__dict__["__module__"]
+
+
+def _owned(module: object, owners: frozenset[str]) -> bool:
+    """Whether a class's or function's ``__module__`` names one of ``owners``."""
+    return type(module) is str and module in owners
 
 
 def _class_dict(cls: type) -> types.MappingProxyType[str, Any]:
