@@ -18,8 +18,8 @@ Why: at one caller the background work (the reset, the zygote's next fork,
 the spare's steps) runs beside the next call, so the one-caller throughput is
 about 1 / latency, and at 16 or 64 callers about 2 CPUs / CPU per call;
 only CPU that is not on a call's path raises their ratio (issue 16, see
-docs/performance.md). Linux, cgroup v1 or v2 (Docker's cgroupfs or systemd
-driver); run it on a quiet machine.
+docs/performance.md). Linux: cgroup v1 with Docker's cgroupfs driver, or v2
+with its systemd driver; run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -39,15 +39,23 @@ from retool_exec.bench.pools import settle
 LABELS = {"org.retool_exec.test": "call-split"}
 
 
-def _cgroup(container_id: str) -> tuple[str, str]:
-    """The container's tasks file and its CPU counter (ns) file."""
-    for tasks, usage in (
-        (f"/sys/fs/cgroup/cpuacct/docker/{container_id}/tasks", "cpuacct.usage"),
-        (f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope/cgroup.threads", "cpu.stat"),
-    ):
-        if os.path.exists(tasks):
-            return tasks, os.path.join(os.path.dirname(tasks), usage)
-    raise SystemExit(f"no cgroup found for container {container_id[:12]}")
+CGROUPS = (
+    ("/sys/fs/cgroup/cpuacct/docker/*/tasks", "cpuacct.usage"),
+    ("/sys/fs/cgroup/system.slice/docker-*.scope/cgroup.threads", "cpu.stat"),
+)
+"""Where a container's tasks and CPU counter are: cgroup v1 (cgroupfs), v2 (systemd)."""
+
+
+def _cgroup() -> tuple[str, str]:
+    """The only container's tasks file and its CPU counter file."""
+    found = [
+        (tasks, os.path.join(os.path.dirname(tasks), usage))
+        for pattern, usage in CGROUPS
+        for tasks in glob.glob(pattern)
+    ]
+    if len(found) != 1:
+        raise SystemExit("run it with no other container on the machine")
+    return found[0]
 
 
 def _container_cpu(usage_file: str) -> float:
@@ -84,13 +92,7 @@ async def _measure(code: str, calls: int) -> dict[str, list[float]]:
         for _ in range(30):  # the container's first calls (the zygotes' own first forks)
             await sandbox.arun_code(code)
             await settle(sandbox)
-        ids = glob.glob("/sys/fs/cgroup/cpuacct/docker/*/tasks") + glob.glob(
-            "/sys/fs/cgroup/system.slice/docker-*.scope/cgroup.threads"
-        )
-        if len(ids) != 1:
-            raise SystemExit("run it with no other container on the machine")
-        container_id = ids[0].split("/")[-2].removeprefix("docker-").removesuffix(".scope")
-        tasks_file, usage_file = _cgroup(container_id)
+        tasks_file, usage_file = _cgroup()
         for _ in range(calls):
             await asyncio.sleep(0.01)
             cpu0, tasks0 = _container_cpu(usage_file), _tasks(tasks_file)
@@ -102,10 +104,13 @@ async def _measure(code: str, calls: int) -> dict[str, list[float]]:
             await asyncio.sleep(0.005)
             cpu2, tasks2 = _container_cpu(usage_file), _tasks(tasks_file)
             agents = [p for p in tasks2 if tasks2[p][0] is not None and p in tasks0 and p in tasks1]
-            spares = [p for p in tasks2 if tasks2[p][0] is None and p not in tasks1]
+            spares = [p for p in tasks2 if tasks2[p][0] is None and p not in tasks0]
             if len(spares) != 1:
                 continue  # a retirement or a stray process: not a plain cycle
-            agents_during = sum(tasks1[p][1] - tasks0[p][1] for p in agents)
+            spare = spares[0]
+            # The spare may be forked before the second reading: its CPU is not the call's.
+            not_the_call = sum(tasks1[p][1] - tasks0[p][1] for p in agents)
+            not_the_call += tasks1[spare][1] if spare in tasks1 else 0.0
             cycle = {role: 0.0 for role in ("supervisor", "zygote")}
             for pid in agents:
                 cycle[str(tasks2[pid][0])] += tasks2[pid][1] - tasks0[pid][1]
@@ -113,10 +118,10 @@ async def _measure(code: str, calls: int) -> dict[str, list[float]]:
                 ("latency", latency),
                 ("container CPU during the call", cpu1 - cpu0),
                 ("container CPU after it", cpu2 - cpu1),
-                ("the call's process (code, end, exit)", cpu1 - cpu0 - agents_during),
+                ("the call's process (code, end, exit)", cpu1 - cpu0 - not_the_call),
                 ("supervisor, whole cycle", cycle["supervisor"]),
                 ("zygotes, whole cycle", cycle["zygote"]),
-                ("next spare, fork to waiting", tasks2[spares[0]][1]),
+                ("next spare, fork to waiting", tasks2[spare][1]),
             ):
                 rows.setdefault(name, []).append(value)
     return rows

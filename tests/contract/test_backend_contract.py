@@ -553,8 +553,18 @@ class TestBackendContract:
                 "print('done')",
                 "done\nreport: [42]\n",
             ),
+            (  # __main__ dropped, nothing imported: the end still collects (review)
+                "import sys\n"
+                "class A:\n"
+                "    def __del__(self):\n"
+                "        print('bye')\n"
+                "x = A()\n"
+                "sys.modules['__main__'] = None\n"
+                "print('done')",
+                "done\nbye\n",
+            ),
         ],
-        ids=["__del__", "generator-finally", "cycle-sees-its-globals"],
+        ids=["__del__", "generator-finally", "cycle-sees-its-globals", "main-dropped"],
     )
     def test_what_the_code_holds_is_finalized_at_its_end(
         self, sandbox: Sandbox, code: str, stdout: str
@@ -633,6 +643,12 @@ class TestBackendContract:
             "open('helper.py', 'w').write('def make():\\n  f = open(\"answer.txt\", \"w\")\\n"
             '  f.write("42")\\n  return lambda: f\\nheld = make()\\n\')\n'
             "import helper",
+            # Not a module: python3 sets every entry of sys.modules to None (review).
+            "import sys\n"
+            "f = open('answer.txt', 'w')\n"
+            "f.write('42')\n"
+            "sys.modules['holder'] = f\n"
+            "del f",
         ],
         ids=[
             "an-imported-module-beside-a-function",
@@ -640,6 +656,7 @@ class TestBackendContract:
             "after-a-deletion",
             "a-class-attribute",
             "a-closure",
+            "held-by-sys-modules",
         ],
     )
     def test_a_file_held_further_away_is_flushed_too(self, sandbox: Sandbox, code: str) -> None:

@@ -178,7 +178,7 @@ class SandboxDrop:
         self._read_header = ctypes.pointer(_CapHeader(_CAPABILITY_VERSION_3, 0))
         # What the check compares with: every set empty, and the uids, made here.
         self._cleared = bytes(ctypes.sizeof(self._read))
-        self._ids = (sandbox.uid,) * 3
+        self._ids = (self.sandbox.uid,) * 3
         self._prctl, self._capset, self._capget = _libc.prctl, _libc.capset, _libc.capget
         self._program = ctypes.create_string_buffer(syscall_program, len(syscall_program))
         self._fprog = ctypes.pointer(

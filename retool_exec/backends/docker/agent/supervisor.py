@@ -551,6 +551,7 @@ def end_all_calls(budget: float = 2.0) -> list[int]:
     """Kill and reap until no call process is left, not even a zombie (or ``budget`` runs
     out); what is left."""
     give_up = time.monotonic() + budget
+    take_exit_messages()  # (also where a zygote that died is found: OSError)
     left = call_processes()  # mostly none: the call's process was reaped with its result
     while left:
         kill_calls()

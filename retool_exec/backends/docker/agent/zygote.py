@@ -46,7 +46,7 @@ import types
 import weakref
 from collections.abc import Callable, Iterable
 from importlib.machinery import BuiltinImporter
-from typing import Any, cast
+from typing import Any
 
 from . import forking, generators, identity, reset, trees, wire
 from .auto_print import compile_auto_printed, stdlib_ast
@@ -423,18 +423,18 @@ def child_main(events_w: int, request_r: int, out_w: int, err_w: int, started_w:
         if stack_mb:
             _raise_soft(resource.RLIMIT_STACK, int(stack_mb) * 1024 * 1024)
         _set_stdin(request.get("stdin"))
-        if request.get("session") or request.get("cells"):
+        streamed = bool(request.get("session") or request.get("cells"))
+        if streamed:
             Interrupts.between_cells()  # before the mark: the supervisor interrupts after it
+            # Its kind given, not asked of the kernel (three getsockopt calls): the
+            # supervisor's socketpair (``supervisor.Child``).
+            request_sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, REQUEST_FD)
         # From here on the call's own code runs: an ending before this mark is the
         # sandbox's failure, after it the code's.
         if not _mark_started():
             status = 71
             return
-        if request.get("session") or request.get("cells"):
-            # Its kind given, not asked of the kernel (three getsockopt calls): the
-            # supervisor's socketpair (``supervisor.Child``).
-            request_sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, REQUEST_FD)
-        else:
+        if not streamed:
             os.close(EVENTS_FD)  # a plain call has no events: its code gets no channel to us
             os.close(REQUEST_FD)
         if request.get("session"):
@@ -955,11 +955,12 @@ class ModulesAtStart:
     (its own modules then go unfinalized, which only its own output can suffer).
 
     The dict is the interpreter's own, kept here (python3 finalizes that one, whatever
-    ``sys.modules`` names at the end), and it is read with no method of the code's:
-    items in reverse (no lookup, so no key's ``__eq__``), exact ``str`` names only,
-    module objects told by their type (twenty-seventh red-team round: a dict subclass
-    bound to ``sys.modules``, or a key whose ``__eq__`` loops, made the end run the
-    code's methods until its time was up).
+    ``sys.modules`` names at the end), and it is read with none of the code's methods
+    beyond what a dict lookup runs (a key planted with the hash of ``__main__`` or of a
+    name the end sets to None, as python3's own stores of None run it): items in
+    reverse, exact ``str`` names only, modules told by their type (twenty-seventh
+    red-team round: a dict subclass bound to ``sys.modules``, or a key whose ``__eq__``
+    loops, made the end run the code's methods until its time was up).
     """
 
     def __init__(self) -> None:
@@ -967,9 +968,9 @@ class ModulesAtStart:
         self.count = len(self.modules)
         self.last = next(reversed(self.modules.items()))
 
-    def added(self) -> list[tuple[str, types.ModuleType]]:
-        """The call's modules (name, module), as ``sys.modules`` orders them, ``__main__``
-        first."""
+    def added(self) -> list[tuple[str, object]]:
+        """The call's entries (name, value), as ``sys.modules`` orders them, ``__main__``
+        first: what python3 would set to None (modules or not), exact ``str`` names."""
         modules = self.modules
         last_name, last_module = self.last
         tail: list[tuple[object, object]] = []
@@ -981,18 +982,12 @@ class ModulesAtStart:
             candidates: Iterable[tuple[object, object]] = reversed(tail)
         else:  # an entry before the mark was deleted or moved: read them all
             candidates = list(modules.items())
-        found: list[tuple[str, types.ModuleType]] = []
-        main = modules.get("__main__")  # (where the zygote had it: before the mark)
-        if main is not None and issubclass(type(main), types.ModuleType):
-            found.append(("__main__", main))
+        found: list[tuple[str, object]] = []
+        if "__main__" in modules:  # (where the zygote had it: before the mark)
+            found.append(("__main__", modules["__main__"]))
         for key, value in candidates:
-            if (
-                type(key) is str
-                and issubclass(type(value), types.ModuleType)
-                and key != "__main__"
-                and key not in Setup.module_names
-            ):
-                found.append((key, cast(types.ModuleType, value)))
+            if type(key) is str and key != "__main__" and key not in Setup.module_names:
+                found.append((key, value))
         return found
 
 
@@ -1007,25 +1002,32 @@ def _finalize_modules(before: ModulesAtStart) -> None:
     alone leaves what a module kept alive unfinalized (a text file an imported module
     left open lost its buffered text); the twenty-second red-team round's comparison."""
     added = before.added()
-    looks = FlushBudget(END_FLUSH_LOOKS)
-    owners = frozenset(name for name, _module in added)
-    for _name, module in added:  # what the collection below finalizes in no set order
-        _flush_files_held_by(_module_dict(module), looks, owners)
-    alive = []
-    for name, module in added:
+    modules = [m for _name, m in added if issubclass(type(m), types.ModuleType)]
+    _flush_modules(modules, frozenset(name for name, _value in added))
+    alive = [weakref.ref(module) for module in modules]
+    names = [name for name, _value in added]  # (no loop here holds a value past its end)
+    del added[:], modules[:]  # only the weak references are left: the collection below
+    for name in names:
         before.modules[name] = None  # type: ignore[assignment]
-        alive.append(weakref.ref(module))
-    del module
-    added.clear()  # (only the weak references are left: the collection finalizes them)
     gc.collect()  # the zygote's own objects are frozen, not visited
     if threading.active_count() > 1:
         return  # a daemon thread runs on (python3 stops them): no globals taken from it
     for ref in reversed(alive):
-        still = ref()
-        if still is not None:
-            _clear_namespace(_module_dict(still))
-        del still
+        _clear_namespace_of(ref)
     gc.collect()
+
+
+def _flush_modules(modules: list[Any], owners: frozenset[str]) -> None:
+    """``_flush_files_held_by`` for each of ``modules``, on one budget for them all."""
+    looks = FlushBudget(END_FLUSH_LOOKS)
+    for module in modules:  # what the collection finalizes next, in no set order
+        _flush_files_held_by(_module_dict(module), looks, owners)
+
+
+def _clear_namespace_of(ref: weakref.ref[Any]) -> None:
+    module = ref()
+    if module is not None:
+        _clear_namespace(_module_dict(module))
 
 
 def _module_dict(module: types.ModuleType) -> dict[str, Any]:
@@ -1091,27 +1093,28 @@ def _flush_files_held_by(
                 if looks < 0:
                     return
                 cls = type(value)
+                room = max(0, looks - len(below))  # (one level's list stays within the looks)
                 try:
                     if cls in FLUSHED_TYPES:
                         if not value.closed:
                             value.flush()
                     elif cls in CONTAINER_TYPES:
-                        below.extend(itertools.islice(value, looks))
+                        below.extend(itertools.islice(value, room))
                     elif cls is dict:
-                        below.extend(itertools.islice(dict.values(value), looks))
+                        below.extend(itertools.islice(dict.values(value), room))
                     elif cls is types.FunctionType:
                         if _owned(value.__module__, owners):
-                            for cell in value.__closure__ or ():
-                                below.append(cell.cell_contents)
+                            cells = (value.__closure__ or ())[:room]
+                            below.extend(cell.cell_contents for cell in cells)
                             attributes = object.__getattribute__(value, "__dict__")
-                            below.extend(itertools.islice(dict.values(attributes), looks))
+                            below.extend(itertools.islice(dict.values(attributes), room))
                     elif issubclass(cls, type):
                         if _owned(_TYPE_MODULE.__get__(value), owners):
                             values = types.MappingProxyType.values(_class_dict(value))
-                            below.extend(itertools.islice(values, looks))
+                            below.extend(itertools.islice(values, room))
                     elif _plain_dict_of(cls):
                         attributes = object.__getattribute__(value, "__dict__")
-                        below.extend(itertools.islice(dict.values(attributes), looks))
+                        below.extend(itertools.islice(dict.values(attributes), room))
                 except BaseException:
                     pass  # the code's objects: their own failures (an empty cell)
             level = below
@@ -1152,12 +1155,14 @@ def _clear_namespace(namespace: dict[str, Any]) -> None:
     (``_PyModule_ClearDict``): names of one leading underscore first, then every other
     but ``__builtins__``, each set to None, so objects go by their reference counts in
     that order."""
-    for name in list(namespace):  # (str's own methods: a subclass's run none of the code's)
-        text = issubclass(type(name), str)
+    # As CPython: names only (a key of another type stays), str's own methods.
+    for name, value in list(namespace.items()):
+        text = value is not None and issubclass(type(name), str)
         if text and str.startswith(name, "_") and not str.startswith(name, "__"):
             namespace[name] = None
-    for name in list(namespace):
-        if not (issubclass(type(name), str) and str.__eq__(name, "__builtins__") is True):
+    for name, value in list(namespace.items()):
+        text = value is not None and issubclass(type(name), str)
+        if text and str.__eq__(name, "__builtins__") is not True:
             namespace[name] = None
 
 
