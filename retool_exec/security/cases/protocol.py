@@ -568,6 +568,44 @@ CASES: tuple[Case, ...] = (
         "(supervisor.REAL_ENDS). gVisor refused the request already.",
     ),
     Case(
+        id="proto-end-runs-the-codes-methods",
+        klass=CaseClass.PROTOCOL,
+        title="a call's end runs none of its methods on sys.modules: it cannot end as oom or "
+        "timeout after its code finished",
+        code=code("""
+            class Name(str):
+                def __eq__(self, other):
+                    while True:
+                        pass
+                __hash__ = str.__hash__
+
+            class Modules(dict):
+                def __reversed__(self):
+                    while True:
+                        yield "x" * 4096
+                def get(self, *args):
+                    while True:
+                        pass
+
+            sys.modules[Name("planted")] = sys.modules["os"]
+            sys.modules = Modules(sys.modules)
+            report(reached="the end")
+        """),
+        contained=lambda obs: (
+            obs.result.outcome is Outcome.SUCCESS
+            and obs.result.returncode == 0
+            and '"reached": "the end"' in obs.result.stdout
+        ),
+        severity=Severity.LOW,
+        reference="retool_exec red-team round of 2026-12-06 (twenty-seventh): the agent's "
+        "end, emulating python3's finalization, ran a sys.modules subclass's __reversed__ "
+        "(a list grown until the container's memory ran out: oom) and keys' __eq__ (a "
+        "timeout), for a program python3 ends with status 0",
+        local=Expect.CONTAINED,
+        note="The end reads the interpreter's own dict, as items, exact str names only "
+        "(zygote.ModulesAtStart; docs/security.md finding 64).",
+    ),
+    Case(
         id="proto-child-of-the-agent",
         klass=CaseClass.PROTOCOL,
         title="a call cannot make a process whose parent is the agent (clone's CLONE_PARENT)",
