@@ -147,15 +147,21 @@ def test_a_loop_closed_under_its_calls_leaves_the_pool_whole(pool_of_two: Sandbo
     loop.close()
     abandoned = list(seen)
     assert len(abandoned) == 2
-    started = time.monotonic()
-    result = pool_of_two.run_code("print('whole')")
-    assert result.stdout == "whole\n", result
-    assert time.monotonic() - started < 15
-    asyncio.run(settle(pool_of_two, 60))
-    assert pool_of_two._slots is not None and pool_of_two._slots.free == 2
+    assert_whole_again(pool_of_two, within=15, slots=2)
     assert not set(abandoned) & set(pool_containers(pool_of_two))
-    assert len(pool_containers(pool_of_two)) == 2
     del tasks
+
+
+def assert_whole_again(sandbox: Sandbox, *, within: float, slots: int) -> None:
+    """A new call runs within ``within`` s, and once settled every slot is free and the
+    pool holds ``slots`` containers (its size here)."""
+    started = time.monotonic()
+    result = sandbox.run_code("print('whole')")
+    assert result.stdout == "whole\n", result
+    assert time.monotonic() - started < within
+    asyncio.run(settle(sandbox, 60))
+    assert sandbox._slots is not None and sandbox._slots.free == slots
+    assert len(pool_containers(sandbox)) == slots
 
 
 @pytest.mark.filterwarnings("ignore::ResourceWarning")  # asyncio's "unclosed event loop"
@@ -173,13 +179,7 @@ def test_a_loop_dropped_unclosed_with_a_call_in_flight_leaves_the_pool_whole() -
             loop.run_until_complete(asyncio.wait([task], timeout=1.0))
 
         step()
-        started = time.monotonic()
-        result = sandbox.run_code("print('whole')")
-        assert result.stdout == "whole\n", result
-        assert time.monotonic() - started < 20
-        asyncio.run(settle(sandbox, 60))
-        assert sandbox._slots is not None and sandbox._slots.free == 1
-        assert len(pool_containers(sandbox)) == 1
+        assert_whole_again(sandbox, within=20, slots=1)
 
 
 @pytest.mark.parametrize(

@@ -362,8 +362,8 @@ def held_memory() -> tuple[str, int] | None:
     source = _MemorySource.found
     candidates = MEMORY_SOURCES if source is None else (source,)
     for kind, path, keys, unit in candidates:
-        if kind == "meminfo" and not _in_gvisor():
-            continue
+        if source is None and kind == "meminfo" and not _in_gvisor():
+            continue  # (looked at once: a source found stays)
         try:
             values = _named_values(read_text(path), keys)
         except (OSError, ValueError, IndexError):

@@ -613,10 +613,15 @@ def _read_request(fd: int) -> dict[str, Any]:
     runs for the first time, each page it touches a copy (see ``identity.SandboxDrop``);
     a plain call's process needs no socket object at all.
     """
-    (size,) = wire.FRAME_HEADER.unpack(_read_exactly(fd, wire.FRAME_HEADER.size))
+    size = _frame_size(_read_exactly(fd, wire.FRAME_HEADER.size))
+    return wire.decode_for_call(_read_exactly(fd, size))
+
+
+def _frame_size(header: bytes) -> int:
+    (size,) = wire.FRAME_HEADER.unpack(header)
     if size > wire.MAX_FRAME:
         raise ValueError("request frame too large")
-    return wire.decode_for_call(_read_exactly(fd, size))
+    return int(size)
 
 
 def _read_exactly(fd: int, size: int) -> bytes:
@@ -640,16 +645,8 @@ def _receive(sock: socket.socket, fds_wanted: int = 0) -> dict[str, Any]:
 def _receive_raw(sock: socket.socket, fds_wanted: int = 2) -> tuple[dict[str, Any], list[int]]:
     """One frame from the request socket and the descriptors that came with it."""
     header, fds = _recv_with_fds(sock, wire.FRAME_HEADER.size, fds_wanted)
-    (size,) = wire.FRAME_HEADER.unpack(header)
-    if size > wire.MAX_FRAME:
-        raise ValueError("request frame too large")
-    payload = bytearray()
-    while len(payload) < size:
-        chunk = sock.recv(min(size - len(payload), 1 << 20))
-        if not chunk:
-            raise EOFError("request socket closed")
-        payload += chunk
-    return wire.decode_for_call(bytes(payload)), fds
+    payload = _read_exactly(sock.fileno(), _frame_size(header))  # (descriptors: the header's)
+    return wire.decode_for_call(payload), fds
 
 
 def _recv_with_fds(sock: socket.socket, size: int, fds_wanted: int) -> tuple[bytes, list[int]]:
