@@ -99,6 +99,48 @@ def test_reset_looks_at_the_clock_inside_one_flat_directory(
     assert len(os.listdir(tmp_path)) > 3000 - 6 * trees.CHECK_EVERY
 
 
+def test_the_reset_names_a_directory_its_removal_left_not_empty(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reset lists each scratch directory once: what the removal's last listing saw is
+    what it reports (no second listing after it)."""
+    scratch, queues = tmp_path / "tmp", tmp_path / "mqueue"
+    scratch.mkdir()
+    (scratch / "left").mkdir()
+    (scratch / "left" / "file").touch()
+    monkeypatch.setattr(wire, "SCRATCH_DIRS", (str(scratch), str(tmp_path / "absent")))
+    monkeypatch.setattr(wire, "MQUEUE_DIR", str(queues))
+    monkeypatch.setattr(reset, "remove_sysv_ipc", list)
+    assert trees.empty_directory(str(scratch), time.monotonic() + 5) == []
+    assert reset.clean(time.monotonic() + 5) == []
+    (scratch / "stays").touch()
+    monkeypatch.setattr(trees, "_one_pass", lambda root_fd, deadline: None)  # removes nothing
+    assert trees.empty_directory(str(scratch), time.monotonic() + 5) == ["stays"]
+    assert reset.clean(time.monotonic() + 5) == [f"{scratch} not empty"]
+
+
+def test_a_kept_file_is_read_again_from_its_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``keep_open``: each read is the file as it is now, from its first byte; a kept
+    descriptor that fails is dropped and the file opened as before."""
+    monkeypatch.setattr(reset._Kept, "fds", {})
+    counter, absent = tmp_path / "pids.current", tmp_path / "absent"
+    counter.write_text("3\n")
+    monkeypatch.setattr(reset, "TASK_COUNTERS", (str(absent), str(counter)))
+    reset.keep_open([str(counter), str(absent)])
+    assert list(reset._Kept.fds) == [str(counter)]
+    assert reset.tasks_counted() == 3
+    counter.write_text("12\n")  # the same file, rewritten in place
+    assert reset.read_text(str(counter)) == "12\n"
+    assert reset.tasks_counted() == 12
+    os.close(reset._Kept.fds[str(counter)])  # a descriptor that no longer reads
+    assert reset.read_text(str(counter)) == "12\n"
+    assert reset._Kept.fds == {}
+    counter.write_text("not a number")
+    assert reset.tasks_counted() is None
+
+
 def test_baseline_comparison_names_what_is_not_back() -> None:
     baseline: dict[str, object] = {
         "space:/tmp": (100 << 20, 1000),
@@ -142,7 +184,8 @@ def test_tcp_connections_opened_count_where_closed_endpoints_are_not_listed(
 def test_measure_reads_this_machine() -> None:
     facts = reset.measure()
     assert isinstance(facts["fds"], int) and facts["fds"] > 0
-    assert isinstance(facts["net:unix"], int | None)
+    sockets = facts["net:sockets.used"] if "net:sockets.used" in facts else facts["net:unix"]
+    assert isinstance(sockets, int | None)
 
 
 def test_the_supervisor_keeps_a_bounded_tail_and_counts_what_fell_off() -> None:

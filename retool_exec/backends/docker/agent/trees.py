@@ -37,13 +37,15 @@ class TooLarge(Exception):
 # -- removal -------------------------------------------------------------------------------
 
 
-def empty_directory(root: str, deadline: float) -> None:
-    """Remove everything under ``root`` (kept itself), without recursion or symlink following.
+def empty_directory(root: str, deadline: float) -> list[str]:
+    """Remove everything under ``root`` (kept itself), without recursion or symlink following;
+    the names left in ``root`` (none once it is empty).
 
     A stack of open directory descriptors walks the tree; a directory found
     deeper than MAX_DEPTH is renamed into ``root`` first, so the stack never
     grows past that depth, whatever the tree's shape or name lengths. Passes
-    repeat until ``root`` is empty or a pass removes nothing more.
+    repeat until ``root`` is empty or a pass removes nothing more. What is left
+    comes from the last listing, so a caller needs no listing of its own.
     """
     root_fd = os.open(root, _DIRECTORY)
     try:
@@ -51,7 +53,7 @@ def empty_directory(root: str, deadline: float) -> None:
         while True:
             names = _names(root_fd, deadline)
             if not names or names == before:
-                return
+                return names
             before = names
             _one_pass(root_fd, deadline)
     finally:
