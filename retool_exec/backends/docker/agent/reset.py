@@ -779,7 +779,6 @@ def compare(baseline: dict[str, object], now: dict[str, object]) -> list[str]:
         if isinstance(before, int) and isinstance(after, int) and after > before:
             template = PROBLEMS.get(name, "{n} " + name + " socket(s) left")
             problems.append(template.format(n=after - before))
-
         elif isinstance(before, int) and not isinstance(after, int):
             problems.append(f"socket count {name} unreadable")
     before_memory, after_memory = baseline.get("memory"), now.get("memory")
