@@ -56,6 +56,26 @@ def run_cells(
     return run_request(sandbox, request)
 
 
+ANSWERED = "import io, os, sys\nprint('ANSWER 42')\n"
+"""The start of code that prints its answer and then does something to its streams."""
+FAILING_STDOUT = (
+    "import sys\n"
+    "class W:\n"
+    "    def write(self, s): return len(s)\n"
+    "    def flush(self): raise OSError('no')\n"
+    "print('x'); sys.stdout = W(); print('y')\n"
+)
+"""Code whose ``sys.stdout`` fails to flush at the end: python3 reports it and ends 120."""
+COUNTED_FLUSHES = (
+    "import os, sys\n"
+    "class W:\n"
+    "    def __init__(self, n): self.n = n\n"
+    "    def write(self, s): return len(s)\n"
+    "    def flush(self): os.write(1, b'%d\\n' % self.n)\n"
+)
+"""Streams that say on descriptor 1 each time they are flushed: python3 flushes the code's
+``sys.stdout`` once at its end, and never a ``sys.__stdout__`` the code set."""
+
 ANNOTATIONS = "def f(x: int) -> str: pass\nprint(f.__annotations__)\n"
 """Code whose output depends on the compiler flags it runs under (PEP 563 strings or not)."""
 ANNOTATIONS_SEEN = "{'x': <class 'int'>, 'return': <class 'str'>}\n"
@@ -521,6 +541,56 @@ class TestBackendContract:
     # -- the end of the interpreter, as python3's --------------------------------------
 
     @pytest.mark.parametrize(
+        ("code", "returncode", "stdout"),
+        [
+            (ANSWERED + "sys.stdout = io.StringIO()\nprint('x')", 0, "ANSWER 42\n"),
+            (ANSWERED + "sys.stdout = open(os.devnull, 'w')", 0, "ANSWER 42\n"),
+            (ANSWERED + "sys.stdout = None", 0, "ANSWER 42\n"),
+            (ANSWERED + "sys.stdout = sys.stderr\nprint('x')", 0, "ANSWER 42\n"),
+            (ANSWERED + "sys.stdout = io.StringIO(); del sys.__stdout__", 0, "ANSWER 42\n"),
+            (ANSWERED + "sys.stdout = os.fdopen(1, 'w')\nprint('after')", 0, "after\n"),
+            (ANSWERED + "del sys.stdout\nraise SystemExit(3)", 3, "ANSWER 42\n"),
+            ("import sys\ndel sys.stderr\nprint('A')", 0, "A\n"),
+            (ANSWERED + "import atexit\natexit.register(delattr, sys, 'stdout')", 0, "ANSWER 42\n"),
+            ("import os\nos.close(1)\nprint('x')", 120, ""),
+            (COUNTED_FLUSHES + "sys.stdout = W(1); sys.__stdout__ = W(2)\nprint('x')", 0, "1\n"),
+            (FAILING_STDOUT + "raise SystemExit(3)", 120, "x\n"),
+        ],
+        ids=[
+            "string-io", "devnull", "none", "stderr", "original-deleted", "fdopen-1",
+            "deleted-exit-3", "stderr-deleted", "deleted-at-exit", "descriptor-closed",
+            "flushed-once", "flush-fails",
+        ],
+    )  # fmt: skip
+    def test_what_was_printed_before_the_streams_were_replaced_ends_as_in_python3(
+        self, sandbox: Sandbox, backend_id: str, code: str, returncode: int, stdout: str
+    ) -> None:
+        """python3 writes what its own stdout holds as that object is finalized, even after
+        the code replaced ``sys.stdout``, and ends 120 if a flush at its end fails. The
+        agent flushed only what ``sys.stdout`` named at the end: the answer printed before
+        the swap was lost, and a deleted stream ended the call as the sandbox's failure
+        (status 70; twenty-eighth red-team round). Expected: the image's python3's own
+        results (``docker run ... python3 -c``); the local backend's child is this
+        machine's python3 in this environment (``PYTHONUNBUFFERED`` changes two cases),
+        so it is compared with that."""
+        if backend_id == "local":
+            ran = subprocess.run(
+                [sys.executable, "-c", code], check=False, capture_output=True, timeout=30
+            )
+            returncode, stdout = ran.returncode, ran.stdout.decode()
+        result = sandbox.run_code(code)
+        assert (result.returncode, result.stdout) == (returncode, stdout), result
+
+    def test_a_failing_flush_at_the_end_is_reported_as_python3_reports_it(
+        self, sandbox: Sandbox
+    ) -> None:
+        result = sandbox.run_code(FAILING_STDOUT)
+        assert result.returncode == 120, result
+        assert result.stderr.startswith("Exception ignored in: <__main__.W object at "), result
+        assert result.stderr.endswith(", in flush\nOSError: no\n"), result
+        assert "agent" not in result.stderr, result
+
+    @pytest.mark.parametrize(
         ("code", "stdout"),
         [
             (
@@ -931,6 +1001,39 @@ class TestBackendContract:
         assert [cell.stdout for cell in result.cells] == ["", "x is 5\n", ""]
         assert result.cells[2].stderr == "careful\n"
         assert (result.ok, result.stdout, result.stderr) == (True, "at exit\n", ""), result
+
+    def test_a_cell_that_replaced_its_stdout_keeps_what_it_printed(self, sandbox: Sandbox) -> None:
+        """What a cell printed before it replaced ``sys.stdout`` was written later, into
+        the next cell's output (twenty-eighth red-team round)."""
+        result = run_cells(
+            sandbox, "import sys, io\nprint('ANSWER 42')\nsys.stdout = io.StringIO()", "print(2)"
+        )
+        first, second = result.cells
+        assert first.stdout == "ANSWER 42\n", result
+        assert "ANSWER" not in second.stdout, result
+
+    def test_a_cell_with_a_traceback_over_a_mebibyte_is_its_error_and_the_next_runs(
+        self, sandbox: Sandbox
+    ) -> None:
+        """A failed ``assert`` printing a long list made a cell's end too large for the
+        events pipe: the interpreter was killed and the later cells lost (twenty-eighth
+        red-team round). Now the record's lines are cut to fit (``zygote.fitted_frame``)."""
+        result = run_cells(
+            sandbox,
+            "x = 42",
+            "data = list(range(300_000))\nassert data == [], f'unexpected: {data}'",
+            "raise ValueError('\\U0001F600' * 600_000)",
+            "print(x)",
+            timeout=30.0,
+        )
+        assert [cell.finished for cell in result.cells] == [True] * 4, result
+        assert [[error["ename"] for error in cell.error] for cell in result.cells] == [
+            [],
+            ["AssertionError"],
+            ["ValueError"],
+            [],
+        ]
+        assert result.cells[3].stdout == "42\n"
 
     def test_each_cell_keeps_the_tail_of_its_output_it_was_given(self, sandbox: Sandbox) -> None:
         """``cell_output_chars`` cuts where the output is captured: a server showing each of

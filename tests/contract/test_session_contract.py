@@ -174,6 +174,22 @@ class TestSessionContract:
             assert result.detail == ""
             assert value(session, "kept") == "still here"
 
+    def test_a_traceback_over_a_mebibyte_is_the_cells_error_and_the_session_lives_on(
+        self, sandbox: Sandbox
+    ) -> None:
+        """A cell's end too large for its events pipe killed the interpreter: the state
+        was lost, the cell reported killed by a signal (twenty-eighth red-team round)."""
+        with sandbox.session() as session:
+            session.run_code("kept = 'still here'")
+            for code, name in (
+                ("data = list(range(300_000))\nassert data == [], f'{data}'", "AssertionError"),
+                ("y = '" + "a" * 1_200_000 + "' 2", "SyntaxError"),
+            ):
+                result = session.run_code(code)
+                assert (result.outcome, result.returncode) == (Outcome.ERROR, 1), result.detail
+                assert [error["ename"] for error in result.cells[0].error] == [name]
+            assert value(session, "kept") == "still here"
+
     def test_a_syntax_error_is_the_cells_error(self, sandbox: Sandbox) -> None:
         with sandbox.session() as session:
             result = session.run_code("x = (")

@@ -499,3 +499,33 @@ def test_the_zygote_s_exit_status_is_python3_s(code: str) -> None:
         [sys.executable, "-c", classes + raised], check=False, capture_output=True
     )
     assert zygote.exit_status(exc) == real.returncode
+
+
+@given(
+    text=st.text(max_size=64),
+    repeat=st.integers(min_value=1, max_value=400_000),
+    lines=st.integers(min_value=1, max_value=60),
+)
+def test_a_cell_s_end_always_fits_the_events_pipe(text: str, repeat: int, lines: int) -> None:
+    """Whatever a cell's error and display hold, its end is one frame the supervisor reads
+    (over ``EVENT_FRAME_LIMIT`` it took the stream for broken and killed the session:
+    twenty-eighth red-team round); a frame that fits is sent as it is."""
+    from retool_exec.backends.docker.agent import zygote
+
+    long = (text or "\U0001f600") * repeat
+    event = {
+        "type": "cell_end",
+        "index": 3,
+        "token": "ab" * 16,
+        "display": [{"text/plain": long[: 1 << 16]}],
+        "error": [{"ename": long[:5000], "evalue": long[:4096], "traceback": [long] * lines}],
+    }
+    frame = zygote.fitted_frame(event)
+    assert len(frame) <= wire.FRAME_HEADER.size + wire.EVENT_FRAME_LIMIT
+    [sent] = wire.FrameDecoder(max_frame=wire.EVENT_FRAME_LIMIT).feed(frame)
+    assert (sent["type"], sent["index"], sent["token"]) == ("cell_end", 3, "ab" * 16)
+    small = zygote._characters(event) <= wire.EVENT_FRAME_LIMIT  # (else no need to encode)
+    if small and len(wire.encode_payload(event)) <= wire.EVENT_FRAME_LIMIT:
+        assert sent == event
+    else:
+        assert sent["error"][0]["traceback"][0].endswith(" characters cut]")

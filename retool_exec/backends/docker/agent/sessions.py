@@ -45,7 +45,7 @@ class SessionProcess:
         self.request = request
         self.cpu_seconds = cpu_seconds
         """Its CPU-time limit (a fork inherits its parent's)."""
-        self.events = wire.FrameDecoder(max_frame=1 << 20)
+        self.events = wire.FrameDecoder(max_frame=wire.EVENT_FRAME_LIMIT)
         self.lost: str | None = None
         os.set_blocking(events_r, False)
 
@@ -262,7 +262,7 @@ def _copy_pid(sock: socket.socket) -> int | None:
 def _discard_stale_events(process: SessionProcess) -> None:
     """Before a cell: drop what earlier cells left on the events pipe, and any half frame."""
     zygote.discard_pending(process.events_r)
-    process.events = wire.FrameDecoder(max_frame=1 << 20)
+    process.events = wire.FrameDecoder(max_frame=wire.EVENT_FRAME_LIMIT)
 
 
 def _collect(pid: int, wait: float = 0.5) -> int | None:

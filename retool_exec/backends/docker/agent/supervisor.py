@@ -765,7 +765,7 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
     }
     child.request.sendall(wire.encode_for_call(to_child))
 
-    events = wire.FrameDecoder(max_frame=1 << 20)
+    events = wire.FrameDecoder(max_frame=wire.EVENT_FRAME_LIMIT)
     cell_token = ""
     tails = {child.out_r: Tail(cap), child.err_r: Tail(cap)}
     open_pipes = {child.out_r, child.err_r}
@@ -802,7 +802,8 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
         err_r, err_w = os.pipe()
         nonlocal events, cell_token
         cell_token = os.urandom(16).hex()  # the only end accepted for this cell carries it
-        events = wire.FrameDecoder(max_frame=1 << 20)  # a half frame left by a cell is dropped
+        # A half frame left by a cell is dropped.
+        events = wire.FrameDecoder(max_frame=wire.EVENT_FRAME_LIMIT)
         if index > 0:  # ... and so is whatever an earlier cell wrote after its end
             zygote.discard_pending(child.events_r)
             announce_started()  # an earlier cell ended: the code ran; say so before waiting

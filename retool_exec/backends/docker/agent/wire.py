@@ -37,6 +37,9 @@ from typing import Any, TypedDict
 MAX_FRAME = 64 * 1024 * 1024
 """Largest frame either side accepts (the call's code, files and output fit in it)."""
 FRAME_HEADER = struct.Struct(">I")
+EVENT_FRAME_LIMIT = 1 << 20
+"""Largest frame the supervisor reads from a call's events pipe (a cell's end): one
+over it breaks the stream, so the call's process cuts what it sends to fit."""
 
 
 class WireError(ValueError):

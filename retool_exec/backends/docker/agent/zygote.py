@@ -110,6 +110,14 @@ class Setup:
     agent_path: str | None = None
     """``sys.path[0]`` as the agent started (its own archive): a call gets the working
     directory there instead, as ``python3 -c`` has it (``_fresh_main``)."""
+    installed_streams: StdStreams | None = None
+    """In a call's process: the std streams ``_std_streams`` installed last. python3
+    writes what its own streams hold at its end even after the code replaced
+    ``sys.stdout`` (their finalizer flushes them), so the end flushes these too."""
+    unraisable_args: type | None = None
+    """The type CPython hands ``sys.unraisablehook`` (``UnraisableHookArgs``, not
+    public), found once: the end reports a ``sys.stdout`` whose flush failed as python3
+    does (``_report_unraisable``)."""
 
 
 def make_call_safe() -> None:
@@ -261,6 +269,7 @@ def serve(
         with forking.recording_hooks(registered):
             loaded, failed = preload(modules, huge_pages)
         prepare_std_streams()
+        Setup.unraisable_args = _unraisable_args_type()
         warm_zygote()
         Setup.generators = generators.find()
         forking.choose(registered)
@@ -678,8 +687,61 @@ def _set_stdin(encoded: object) -> None:
     os.close(fd)
 
 
+EVENT_TEXT_LIMITS = (1 << 13, 1 << 10, 1 << 7)
+"""Characters each string of an event is cut to, in turn, until its frame fits."""
+
+
 def _send_event(event: dict[str, Any]) -> None:
-    _send_frame(wire.encode_frame(event))
+    """Send ``event``, its strings cut (``_shortened``) if its frame is larger than the
+    supervisor reads (``wire.EVENT_FRAME_LIMIT``).
+
+    Why: a cell's end holds its error record, and a traceback line carries the whole
+    message of its exception (a failed ``assert`` printing a long list, a ``SyntaxError``
+    on a long line). Over the limit, the supervisor took the frame for a broken event
+    stream and killed the interpreter: the session's state was lost and the cell
+    reported as killed by a signal (twenty-eighth red-team round). The cut is said in
+    the text; the cell's stderr still has the traceback up to the output cap."""
+    _send_frame(fitted_frame(event))
+
+
+def fitted_frame(event: dict[str, Any]) -> bytes:
+    """The frame of ``event``, its strings cut as little as makes it fit (``_send_event``).
+
+    Not encoded whole when its text alone is over the limit (each character is a byte
+    of JSON at least): a message of hundreds of MiB would not even fit ``MAX_FRAME``."""
+    frame = b""
+    if _characters(event) <= wire.EVENT_FRAME_LIMIT:
+        frame = wire.encode_frame(event)
+    for limit in EVENT_TEXT_LIMITS:
+        if frame and len(frame) <= wire.FRAME_HEADER.size + wire.EVENT_FRAME_LIMIT:
+            break
+        frame = wire.encode_frame(_shortened(event, limit))
+    return frame
+
+
+def _characters(value: Any) -> int:
+    """How many characters the strings of ``value`` (an event) hold together."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_characters(key) + _characters(item) for key, item in value.items())
+    if isinstance(value, list):
+        return sum(_characters(item) for item in value)
+    return 0
+
+
+def _shortened(value: Any, limit: int) -> Any:
+    """``value`` (an event: dicts, lists, strings) with every string over ``limit``
+    characters cut, saying how many characters were cut."""
+    if isinstance(value, str):
+        if len(value) <= limit:
+            return value
+        return f"{value[:limit]}... [{len(value) - limit} characters cut]"
+    if isinstance(value, dict):
+        return {key: _shortened(item, limit) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_shortened(item, limit) for item in value]
+    return value
 
 
 def _send_frame(frame: bytes) -> None:
@@ -769,6 +831,7 @@ def prepare_std_streams() -> None:
 def _std_streams() -> None:
     """Install the std streams: the prepared ones for a child's first run, new ones after."""
     streams, Setup.std_streams = Setup.std_streams or _new_std_streams(), None
+    Setup.installed_streams = streams
     sys.stdin = sys.__stdin__ = streams[0]  # type: ignore[misc]
     sys.stdout = sys.__stdout__ = streams[1]  # type: ignore[misc]
     sys.stderr = sys.__stderr__ = streams[2]  # type: ignore[misc]
@@ -885,7 +948,8 @@ class _one_write:
 
 def _finish(status: int, before: ModulesAtStart | None = None) -> int:
     """End as ``python3`` does (``Py_FinalizeEx``): join the threads, run the at-exit
-    functions, flush, finalize the modules of the call, flush again.
+    functions, flush, set the std streams back, finalize the modules of the call, flush
+    what is left.
 
     Why the last two: ``os._exit`` skips them, and so a file the code left open lost
     what it had buffered (a grader fetching ``answer.txt`` read it empty), an object's
@@ -894,21 +958,34 @@ def _finish(status: int, before: ModulesAtStart | None = None) -> int:
     the code ran (the agent's, the zygote's); None (``warm_up``'s rehearsal): no at-exit
     functions, which run once, and no module of the agent's is finalized.
     """
+    flushed: bool | None = None
     try:
         with _unraisable_without_agent_frames():
             if before is not None:
                 _end_threads()
                 _quietly(atexit._run_exitfuncs)
-            _flush()
+            flushed = _flush()
             if before is not None:
+                _quietly(_restore_std_streams)
                 _quietly(_finalize_modules, before)
             else:
                 _quietly(gc.collect)
     except BaseException:
         pass  # (a signal handler of the code's, raising here: the status stands)
     finally:
-        _flush()
-    return status
+        if flushed is None:  # the end was cut short before its flush
+            flushed = _flush()
+        _flush_quietly(current=False)
+    return status if flushed else FLUSH_FAILED
+
+
+FLUSH_FAILED = 120
+"""python3's exit status when flushing ``sys.stdout`` or ``sys.stderr`` failed at its end
+(``Py_RunMain``), whatever the code's own status was. Only the first flush counts: by
+python3's second, its ``sys`` is cleared, and its own streams are flushed as they are
+finalized, where a failure changes nothing (``_flush_quietly``; measured against the
+image's python3: a ``sys.stdout`` the code opened on descriptor 1 and dropped closes
+it, and python3 still ends 0)."""
 
 
 def _quietly(step: Callable[..., object], *args: Any) -> None:
@@ -1228,12 +1305,97 @@ def _without_agent_frames(tb: types.TracebackType | None) -> types.TracebackType
     return tb
 
 
-def _flush() -> None:
-    for stream in (sys.stdout, sys.stderr):
+def _flush() -> bool:
+    """CPython's ``flush_std_files``: ``sys.stdout`` and then ``sys.stderr`` as the code
+    left them, each unless missing or None, and unless its ``closed`` says so; whether
+    both flushed. A failed ``sys.stdout`` is reported as python3 reports it (an
+    exception ignored in it); a failed ``sys.stderr`` is not.
+
+    Read from the ``sys`` module's own dict, as CPython reads them: a module
+    ``__getattr__`` of the code's is not asked for a stream it deleted, and a deleted
+    one is no failure (it made every such call status 70, "the sandbox failed": the
+    twenty-eighth red-team round, with the streams below).
+    """
+    flushed = True
+    names = vars(sys)
+    for name in ("stdout", "stderr"):
+        stream = names.get(name)
+        if stream is None or _is_closed(stream):
+            continue
         try:
             stream.flush()
-        except BaseException:
-            pass
+        except BaseException as exc:
+            flushed = False
+            if name == "stdout":
+                _report_unraisable(exc, stream)
+    return flushed
+
+
+def _is_closed(stream: object) -> bool:
+    """CPython's ``file_is_closed``: a ``closed`` that cannot be read is not closed."""
+    try:
+        return bool(stream.closed)  # type: ignore[attr-defined]
+    except BaseException:
+        return False
+
+
+def _flush_quietly(current: bool = True) -> None:
+    """Flush, whatever fails: the code's streams as it left them (``current``: a cell's
+    end), then the ones the agent installed (the end of a call: python3 asks the code's
+    streams once, ``_flush``, and never again).
+
+    Why the agent's: python3 writes what its own stdout holds when that object is
+    finalized, even after the code replaced ``sys.stdout`` (and ``sys.__stdout__``), and
+    the answer printed before the swap reached the output; here it was lost, or came out
+    in the next cell of a notebook. Those streams are the agent's C objects: their
+    ``flush`` runs none of the code's methods."""
+    names = vars(sys)
+    streams = [names.get("stdout"), names.get("stderr")] if current else []
+    if Setup.installed_streams is not None:
+        streams += Setup.installed_streams[1:]
+    for stream in streams:
+        if stream is not None:
+            _quietly(stream.flush)
+
+
+def _restore_std_streams() -> None:
+    """As CPython's ``finalize_modules`` starts: ``sys.stdout`` and the others set back to
+    ``sys.__stdout__`` and the others (None where those are gone)."""
+    names = vars(sys)
+    for name in ("stdin", "stdout", "stderr"):
+        names[name] = names.get(f"__{name}__")
+
+
+def _report_unraisable(exc: BaseException, stream: object) -> None:
+    """Report ``exc``, raised by ``stream``'s flush, to ``sys.unraisablehook``, as
+    CPython's ``PyErr_WriteUnraisable(stream)`` does. Never raises."""
+    kind = Setup.unraisable_args
+    if kind is None:
+        return
+    try:
+        report = kind((type(exc), exc, exc.__traceback__, None, stream))
+        hook = vars(sys).get("unraisablehook")
+        (sys.__unraisablehook__ if hook is None else hook)(report)
+    except BaseException:
+        pass
+
+
+def _unraisable_args_type() -> type | None:
+    """The type of what CPython hands ``sys.unraisablehook``, from one report made on
+    purpose (an exception in ``__del__``); None if it gave none."""
+    seen: list[Any] = []
+    previous = sys.unraisablehook
+    sys.unraisablehook = seen.append
+    try:
+        _RaisesWhenFinalized()
+    finally:
+        sys.unraisablehook = previous
+    return type(seen[0]) if seen else None
+
+
+class _RaisesWhenFinalized:
+    def __del__(self) -> None:
+        raise RuntimeError("a report made on purpose")
 
 
 def run_cells(request_sock: socket.socket, count: int) -> int:
@@ -1421,7 +1583,7 @@ def _one_cell(
         error.append(_error_record(exc))
         if print_error:
             _print_exception(exc)
-    _flush()
+    _flush_quietly()  # (python3 fidelity is the call's end's: a cell's end is IPython's)
     # This cell's pipes end here; stray writers (threads, children) hit ``after`` or
     # /dev/null, never a descriptor number reused by something else.
     try:
