@@ -148,7 +148,7 @@ def fetched_files(result: ExecResult, spec: FileSpec, budget: int) -> tuple[dict
     """
     files: dict[str, str] = {}
     problems: list[str] = []
-    for name, path in spec.fetch:
+    for name, path in dict.fromkeys(spec.fetch):  # a name asked twice is answered once
         data = result.files.get(path)
         if data is None:
             reason = result.fetch_errors.get(path) or _not_returned(result)

@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from retool_exec._errors import ConfigError
 from retool_exec._models import ExecResult, Outcome
 from retool_exec._sandbox import Sandbox
-from retool_exec.backends.base import RunRequest
+from retool_exec.backends.base import MAX_STACK_MB, RunRequest
 from retool_exec.server.admission import Admission, Overloaded
 from retool_exec.server.files import RequestRejected, check_files, fetched_files
 from retool_exec.server.jupyter import notebook_cells
@@ -119,7 +119,13 @@ class SandboxService:
                 memory_mb=memory,
                 # SandboxFusion's runner sets the stack limit to memory_limit_MB when one
                 # is given: deep recursion through C frames (lru_cache) passes there.
-                stack_mb=memory if request.memory_limit_MB > 0 else None,
+                # (Bounded as ``RunRequest`` bounds it: a memory limit above that is a
+                # 400 otherwise, where the server clamps memory limits.)
+                stack_mb=(
+                    min(memory, MAX_STACK_MB)
+                    if memory is not None and request.memory_limit_MB > 0
+                    else None
+                ),
                 stdin=stdin,
                 files=files.uploads,
                 fetch=files.fetch_paths,

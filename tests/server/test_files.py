@@ -127,6 +127,16 @@ def test_fetch_budget_is_enforced(local_url: str, client: httpx.Client) -> None:
     assert "big: 5000 bytes; 3096 bytes of fetch budget left" in response["message"]
 
 
+def test_a_name_asked_twice_is_answered_once(local_url: str, client: httpx.Client) -> None:
+    """It was returned and also named over the budget it had itself used up
+    (twenty-eighth red-team round)."""
+    code = "open('a', 'wb').write(b'a' * 3000)"
+    body = verl_body(code, fetch_files=["a", "./a", "a"])
+    response = client.post(f"{local_url}/run_code", json=body).json()
+    assert base64.b64decode(response["files"]["a"]) == b"a" * 3000
+    assert response["message"] == "fetch_files: ./a: 3000 bytes; 1096 bytes of fetch budget left"
+
+
 def test_an_output_flood_does_not_lose_the_fetched_files(
     local_url: str, client: httpx.Client
 ) -> None:

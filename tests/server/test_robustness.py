@@ -148,6 +148,21 @@ def test_limits_are_clamped_to_the_server_maxima(client: httpx.Client) -> None:
     assert seen == [(5.0, 512), (2.0, 512), (5.0, 512)]  # the default 10 s is clamped too
 
 
+def test_a_memory_limit_above_the_stack_bound_is_clamped_not_refused(
+    client: httpx.Client,
+) -> None:
+    """The stack limit follows ``memory_limit_MB`` (SandboxFusion's runner); with no
+    server maximum, 65537 MB and more was a 400 from the stack limit's own bound
+    (twenty-eighth red-team round)."""
+    backend = FakeBackend(lambda _request: "")
+    with serve(create_app(backend)) as url:
+        for memory in (65536, 65537, 1 << 40):
+            response = client.post(f"{url}/run_code", json=verl_body("1", memory_limit_MB=memory))
+            assert response.status_code == 200, response.text
+    seen = [(request.memory_mb, request.stack_mb) for request in backend.requests]
+    assert seen == [(65536, 65536), (65537, 65536), (1 << 40, 65536)]
+
+
 class _Gate:
     """A FakeBackend handler that holds every call until released."""
 
