@@ -203,6 +203,10 @@ def format_tool_content(
     under (``result.timeout``), else the seed's default. A sandbox failure says
     so instead of pretending to be an exit code: the seed could not fail that
     way, so no seed string changes.
+
+    The text is the model's to see, not a verdict: the code can print any of
+    these strings itself. A reward reads ``result.outcome``, ``timed_out``,
+    ``truncated`` and ``infrastructure_failure`` (docs/security.md, threat model).
     """
     if result.timed_out:
         if timeout is None:
