@@ -224,6 +224,7 @@ _NOTEBOOK = (
     "            except BaseException:\n"
     "                pass\n"
     "    def cut(text):\n"
+    "        text = str.__str__(text)  # exact: a subclass's len and slices are the code's\n"
     "        if len(text) <= cap:\n"
     "            return text\n"
     "        kept = text[-cap:] if cap > 0 else ''\n"
@@ -272,7 +273,7 @@ _NOTEBOOK = (
     "                evalue = str(exc)\n"
     "            except BaseException:\n"
     "                lines, evalue = [type(exc).__name__ + '\\n'], '<unprintable>'\n"
-    "            error.append({{'ename': type(exc).__name__[:200], 'evalue': cut(evalue),\n"
+    "            error.append({{'ename': cut(type(exc).__name__)[:200], 'evalue': cut(evalue),\n"
     "                          'traceback': tail(lines)}})\n"
     "        return {{'display': display, 'error': error}}\n"
     "    def own_frames_out(tb):\n"
@@ -367,6 +368,7 @@ def _retool_session():
                 pass
 
     def cut(text):
+        text = str.__str__(text)  # exact: a subclass's len and slices are the code's
         if len(text) <= cap:
             return text
         kept = text[-cap:] if cap > 0 else ''
@@ -427,7 +429,7 @@ def _retool_session():
                 evalue = str(exc)
             except BaseException:
                 tb, lines, evalue = None, [type(exc).__name__ + '\n'], '<unprintable>'
-            error.append({'ename': type(exc).__name__[:200], 'evalue': cut(evalue),
+            error.append({'ename': cut(type(exc).__name__)[:200], 'evalue': cut(evalue),
                           'traceback': tail(lines)})
             try:
                 exc.__traceback__ = tb

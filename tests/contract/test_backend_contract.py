@@ -58,11 +58,16 @@ def run_cells(
 
 ANSWERED = "import io, os, sys\nprint('ANSWER 42')\n"
 """The start of code that prints its answer and then does something to its streams."""
+DROPPED = "sys.stdout = sys.__stdout__ = io.StringIO()\n"
+"""The code's last references to the stdout it started with, dropped: python3 writes what
+that stream holds then, as it is finalized."""
 FAILING_STDOUT = (
     "import sys\n"
     "class W:\n"
     "    def write(self, s): return len(s)\n"
     "    def flush(self): raise OSError('no')\n"
+    "class V(W):\n"
+    "    def flush(self): sys.stderr = W()\n"
     "print('x'); sys.stdout = W(); print('y')\n"
 )
 """Code whose ``sys.stdout`` fails to flush at the end: python3 reports it and ends 120."""
@@ -554,12 +559,16 @@ class TestBackendContract:
             (ANSWERED + "import atexit\natexit.register(delattr, sys, 'stdout')", 0, "ANSWER 42\n"),
             ("import os\nos.close(1)\nprint('x')", 120, ""),
             (COUNTED_FLUSHES + "sys.stdout = W(1); sys.__stdout__ = W(2)\nprint('x')", 0, "1\n"),
+            (ANSWERED + DROPPED + "os.write(1, b'B\\n')", 0, "ANSWER 42\nB\n"),
+            (FAILING_STDOUT + "raise KeyboardInterrupt", -2, "x\n"),
+            (FAILING_STDOUT.replace("print('x'); sys.stdout = W()", "sys.stdout = V()"), 0, ""),
             (FAILING_STDOUT + "raise SystemExit(3)", 120, "x\n"),
         ],
         ids=[
             "string-io", "devnull", "none", "stderr", "original-deleted", "fdopen-1",
             "deleted-exit-3", "stderr-deleted", "deleted-at-exit", "descriptor-closed",
-            "flushed-once", "flush-fails",
+            "flushed-once", "dropped-in-order", "interrupted", "stderr-swapped-in-flush",
+            "flush-fails",
         ],
     )  # fmt: skip
     def test_what_was_printed_before_the_streams_were_replaced_ends_as_in_python3(
@@ -589,6 +598,14 @@ class TestBackendContract:
         assert result.stderr.startswith("Exception ignored in: <__main__.W object at "), result
         assert result.stderr.endswith(", in flush\nOSError: no\n"), result
         assert "agent" not in result.stderr, result
+        hooked = sandbox.run_code(
+            FAILING_STDOUT + "import os, traceback\n"
+            "sys.unraisablehook = lambda a: os.write(2, ''.join(traceback.format_exception("
+            "a.exc_type, a.exc_value, a.exc_value.__traceback__)).encode())\n"
+        )
+        assert hooked.returncode == 120, hooked
+        assert "in flush\nOSError: no\n" in hooked.stderr, hooked
+        assert "agent" not in hooked.stderr, hooked  # (the report's own traceback, review)
 
     @pytest.mark.parametrize(
         ("code", "stdout"),
@@ -895,6 +912,16 @@ class TestBackendContract:
         # python3 in the image (C.UTF-8) reads and writes bytes that are not UTF-8.
         result = sandbox.run_code("print(input())", stdin=b"caf\xe9\n")
         assert (result.outcome, result.stdout) == (Outcome.SUCCESS, "caf\ufffd\n"), result
+
+    def test_stdin_keeps_its_line_endings_as_python3_s(self, sandbox: Sandbox) -> None:
+        """python3's stdin splits lines at "\\n" only and keeps "\\r": the agent's turned
+        "\\r\\n" into "\\n", and a real client's check of ``len(input())`` on a dataset with
+        CRLF input came out the other way (twenty-eighth red-team round, verl's reward path)."""
+        code = "import sys\ns = input()\nprint(len(s), repr(sys.stdin.read()))"
+        result = sandbox.run_code(code, stdin=b"abc\r\na\rb\r\n")
+        assert result.stdout == "4 'a\\rb\\r\\n'\n", result
+        result = sandbox.run_code("import sys\nprint(repr(sys.stdin.newlines), end='')")
+        assert result.stdout == "None", result
 
     def test_a_deep_tree_keeps_the_codes_own_outcome_and_is_removed(
         self, sandbox: Sandbox, backend_id: str

@@ -189,6 +189,18 @@ class TestSessionContract:
                 assert (result.outcome, result.returncode) == (Outcome.ERROR, 1), result.detail
                 assert [error["ename"] for error in result.cells[0].error] == [name]
             assert value(session, "kept") == "still here"
+            # A repr that is a str subclass saying it is empty was not cut (review).
+            session.run_code(
+                "class S(str):\n"
+                "    def __len__(self): return 0\n"
+                "    def __getitem__(self, k): return self\n"
+                "class X:\n"
+                "    def __repr__(self): return S('\\U0001F600' * 300_000)"
+            )
+            shown = session.run_code("X()")
+            assert shown.ok, shown.detail
+            assert len(shown.cells[0].display[0]["text/plain"]) < 1 << 17
+            assert value(session, "kept") == "still here"
 
     def test_a_syntax_error_is_the_cells_error(self, sandbox: Sandbox) -> None:
         with sandbox.session() as session:
