@@ -273,7 +273,8 @@ _NOTEBOOK = (
     "                evalue = str(exc)\n"
     "            except BaseException:\n"
     "                lines, evalue = [type(exc).__name__ + '\\n'], '<unprintable>'\n"
-    "            error.append({{'ename': cut(type(exc).__name__)[:200], 'evalue': cut(evalue),\n"
+    "            ename = str.__str__(type(exc).__name__)[:200]\n"
+    "            error.append({{'ename': ename, 'evalue': cut(evalue),\n"
     "                          'traceback': tail(lines)}})\n"
     "        return {{'display': display, 'error': error}}\n"
     "    def own_frames_out(tb):\n"
@@ -429,7 +430,8 @@ def _retool_session():
                 evalue = str(exc)
             except BaseException:
                 tb, lines, evalue = None, [type(exc).__name__ + '\n'], '<unprintable>'
-            error.append({'ename': cut(type(exc).__name__)[:200], 'evalue': cut(evalue),
+            ename = str.__str__(type(exc).__name__)[:200]
+            error.append({'ename': ename, 'evalue': cut(evalue),
                           'traceback': tail(lines)})
             try:
                 exc.__traceback__ = tb
