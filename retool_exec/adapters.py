@@ -30,6 +30,7 @@ import copy
 import functools
 import importlib
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from typing import Any, Self
 
 from pydantic import BaseModel, Field
 
+from retool_exec._errors import SessionLostError
 from retool_exec._models import ExecResult
 from retool_exec._sandbox import Sandbox
 from retool_exec._session import Session
@@ -359,6 +361,10 @@ class SessionCodeTool:
         for its next call's observation; the newest ``ENDED_KEPT`` only."""
         self._instances: dict[str, str] = {}
         self._opening: dict[str, asyncio.Lock] = {}
+        self._waiting: dict[str, int] = {}
+        """Calls of each trajectory in ``_session`` now: its lock is dropped when the last
+        leaves without a session (an open that failed or was cancelled left one per
+        trajectory, without bound: the twenty-eighth red-team round)."""
 
     def get_openai_tool_schema(self) -> Any:
         """The tool's OpenAI function schema (the config's, else ``DEFAULT_TOOL_SCHEMA``)."""
@@ -403,11 +409,28 @@ class SessionCodeTool:
         request_id = getattr(kwargs.get("agent_data"), "request_id", None)
         key = f"request:{request_id}" if request_id else f"instance:{instance_id}"
         self._instances[instance_id] = key
+        if not isinstance(parameters, Mapping):  # the model's arguments were not an object
+            text = 'Error: the arguments must be an object with a "code" string.'
+            refused = {"outcome": "rejected", "latency": 0.0, "session_lost": False}
+            return _tool_response(text), None, refused
         code = parameters.get("code", "")
         if not isinstance(code, str):
             code = str(code)
         session, ended = await self._session(key)
-        result = await session.arun_code(code, timeout=self.timeout)
+        started = time.perf_counter()
+        try:
+            result = await session.arun_code(code, timeout=self.timeout)
+        except SessionLostError as exc:
+            # A parallel call of the trajectory ended the interpreter first: the same
+            # observation as the call that did (the review of the twenty-eighth round).
+            if self._sessions.get(key) is session:
+                del self._sessions[key]
+            await session.aclose()
+            reason = session.lost or str(exc)
+            text = _lost_note(reason).lstrip("\n")
+            latency = time.perf_counter() - started
+            ended_here = {"outcome": "error", "latency": latency, "session_lost": True}
+            return _tool_response(text), None, ended_here
         text = session.format_tool_content(result)
         if ended is not None:
             text += _restarted_note(ended)
@@ -452,15 +475,23 @@ class SessionCodeTool:
         (idle past ``session_ttl``, say): the observation must say so."""
         self._forget_ended(but=key)
         lock = self._opening.setdefault(key, asyncio.Lock())
-        async with lock:  # parallel calls of one trajectory open one session
-            session = self._sessions.get(key)
-            ended = session.lost if session is not None else self._ended.pop(key, None)
-            if session is None or ended is not None:
-                if session is not None:
-                    await session.aclose()
-                session = await self.sandbox.aopen_session(memory_mb=self.memory_mb)
-                self._sessions[key] = session
-            return session, ended
+        self._waiting[key] = self._waiting.get(key, 0) + 1
+        try:
+            async with lock:  # parallel calls of one trajectory open one session
+                session = self._sessions.get(key)
+                ended = session.lost if session is not None else self._ended.pop(key, None)
+                if session is None or ended is not None:
+                    if session is not None:
+                        await session.aclose()
+                    session = await self.sandbox.aopen_session(memory_mb=self.memory_mb)
+                    self._sessions[key] = session
+                return session, ended
+        finally:
+            left = self._waiting.pop(key) - 1
+            if left:
+                self._waiting[key] = left
+            elif key not in self._sessions and self._opening.get(key) is lock:
+                del self._opening[key]
 
     def _forget_ended(self, but: str) -> None:
         """Drop the sessions that ended by themselves (idle past ``session_ttl``, say),

@@ -354,24 +354,27 @@ class SandboxTools:
     async def _guard(
         self, tool: str, work: Callable[[], Awaitable[CallToolResult]]
     ) -> CallToolResult:
-        """Run a tool's work; every failure becomes a result with ``isError``, in one line."""
+        """Run a tool's work; every failure becomes a result with ``isError``, in one line,
+        its chat-template markers neutralized as in every answer: a failure's text can be
+        the session's code's own (a fork's reason: the twenty-eighth red-team round)."""
         try:
             return await work()
         except ToolFailure as exc:
-            return _failure(f"Error: {exc}")
+            message = f"Error: {exc}"
         except SessionLimitError as exc:
-            return _failure(
+            message = (
                 f"Error: {_one_line(exc)}. Close sessions you no longer need with session_close."
             )
         except BackendUnavailableError as exc:
-            return _failure(f"Error: the sandbox cannot start: {_one_line(exc)}")
+            message = f"Error: the sandbox cannot start: {_one_line(exc)}"
         except SandboxClosedError:
-            return _failure("Error: the server is shutting down")
+            message = "Error: the server is shutting down"
         except RetoolExecError as exc:  # bad timeout, sessions unsupported, ...
-            return _failure(f"Error: {_one_line(exc)}")
+            message = f"Error: {_one_line(exc)}"
         except Exception as exc:
             log.exception("%s failed", tool)
-            return _failure(f"Error: {tool} failed inside retool-exec: {_one_line(exc)}")
+            message = f"Error: {tool} failed inside retool-exec: {_one_line(exc)}"
+        return _failure(sanitize_tool_content(message, self.sandbox.markers))
 
     def _timeout(self, timeout: float | None) -> float | None:
         if timeout is not None and timeout > self.max_timeout:

@@ -321,3 +321,59 @@ def test_trajectories_whose_sessions_ended_by_themselves_are_not_kept() -> None:
     assert kept <= 2 and live == 1
     assert "[the interpreter of the earlier calls had ended (it was idle" in again
     assert adapters.ENDED_KEPT >= 1024  # the notes a long run still gives
+
+
+def test_a_parallel_call_after_one_ended_the_interpreter_gets_an_observation(
+    sandbox: Sandbox,
+) -> None:
+    """The second of two parallel calls of a trajectory, whose first ended the interpreter,
+    raised SessionLostError out of ``execute``: no observation, no metrics (the
+    twenty-eighth red-team round)."""
+    tool = SessionCodeTool({}, sandbox=sandbox)
+
+    async def calls() -> tuple[list[str], str]:
+        data = AgentData("r")
+        await call_tool(tool, "a", data)
+        texts = await asyncio.gather(call_tool(tool, "exit", data), call_tool(tool, "b", data))
+        after = await call_tool(tool, "c", data)
+        await tool.aclose()
+        return list(texts), after
+
+    texts, after = asyncio.run(calls())
+    assert sum("[the interpreter ended (" in text for text in texts) == 2, texts
+    assert after == "c\n"
+
+
+def test_arguments_that_are_not_an_object_get_an_observation(sandbox: Sandbox) -> None:
+    tool = SessionCodeTool({}, sandbox=sandbox)
+
+    async def call() -> tuple[Any, dict[str, Any]]:
+        instance_id, _ = await tool.create()
+        response, _, metrics = await tool.execute(instance_id, ["print(1)"])  # type: ignore[arg-type]
+        await tool.release(instance_id)
+        return response, metrics
+
+    response, metrics = asyncio.run(call())
+    assert response.text.startswith('Error: the arguments must be an object with a "code"')
+    assert metrics == {"outcome": "rejected", "latency": 0.0, "session_lost": False}
+    assert sandbox.open_sessions == 0
+
+
+def test_trajectories_that_could_not_open_a_session_are_not_kept() -> None:
+    """With ``max_sessions`` taken, every new trajectory's failed open left a lock behind,
+    without bound (the twenty-eighth red-team round)."""
+    from retool_exec import SessionLimitError
+
+    with Sandbox(FakeBackend(session_handler=history), max_sessions=1) as box:
+        tool = SessionCodeTool({}, sandbox=box)
+
+        async def rollouts() -> int:
+            await call_tool(tool, "a", AgentData("holder"))
+            for number in range(200):
+                with pytest.raises(SessionLimitError):
+                    await call_tool(tool, "x", AgentData(f"r{number}"))
+            kept = len(tool._opening) + len(tool._waiting)
+            await tool.aclose()
+            return kept
+
+        assert asyncio.run(rollouts()) <= 1

@@ -270,7 +270,9 @@ class DockerSession(SessionHandle):
             self.lost = str(reply.get("reason"))
             raise SessionLostError(f"this session is gone: {self.lost}")
         if not reply.get("ok"):  # the parent lives on: only the copy failed
-            raise SessionError(f"the fork failed: {reply.get('reason')}")
+            reason = str(reply.get("reason"))
+            said = "the fork failed: "  # (the agent's reason may say it already)
+            raise SessionError(reason if reason.startswith(said) else said + reason)
         return DockerSession(self.family, new_sid, name=self.name)
 
     async def close(self) -> None:
