@@ -499,9 +499,8 @@ class SessionCodeTool:
         table of every trajectory's session grew without bound (~31 KiB each on Docker;
         the sixth red-team round)."""
         for key, session in list(self._sessions.items()):
-            lock = self._opening.get(key)
-            if key == but or session.lost is None or (lock is not None and lock.locked()):
-                continue
+            if key == but or session.lost is None or self._waiting.get(key):
+                continue  # (a call in ``_session``, holding or awaiting the lock: its own)
             del self._sessions[key]
             self._opening.pop(key, None)
             self._ended[key] = session.lost
