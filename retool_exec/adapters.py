@@ -362,6 +362,9 @@ class SessionCodeTool:
         self._instances: dict[str, str] = {}
         self._opening: dict[str, asyncio.Lock] = {}
         self._waiting: dict[str, int] = {}
+        self._pending: set[asyncio.Future[Any]] = set()
+        """Opens abandoned by a cancelled call, and the closes of what they opened
+        (``_open``), until they end: ``aclose`` waits for them."""
         """Calls of each trajectory in ``_session`` now: its lock is dropped when the last
         leaves without a session (an open that failed or was cancelled left one per
         trajectory, without bound: the twenty-eighth red-team round)."""
@@ -422,14 +425,12 @@ class SessionCodeTool:
             result = await session.arun_code(code, timeout=self.timeout)
         except SessionLostError as exc:
             # A parallel call of the trajectory ended the interpreter first: the same
-            # observation as the call that did (the review of the twenty-eighth round).
-            if self._sessions.get(key) is session:
-                del self._sessions[key]
-            await session.aclose()
-            reason = session.lost or str(exc)
-            text = _lost_note(reason).lstrip("\n")
+            # observation as the call that did, and this code never ran (the review of the
+            # twenty-eighth round).
+            await self._drop(key, session)
+            text = _lost_note(session.lost or str(exc)).lstrip("\n")
             latency = time.perf_counter() - started
-            ended_here = {"outcome": "error", "latency": latency, "session_lost": True}
+            ended_here = {"outcome": "rejected", "latency": latency, "session_lost": True}
             return _tool_response(text), None, ended_here
         text = session.format_tool_content(result)
         if ended is not None:
@@ -437,9 +438,7 @@ class SessionCodeTool:
         lost = session.lost
         if lost is not None:
             text += _lost_note(lost)
-            if self._sessions.get(key) is session:
-                del self._sessions[key]
-            await session.aclose()
+            await self._drop(key, session)
         metrics: dict[str, Any] = {
             "outcome": result.outcome.value,
             "latency": result.latency,
@@ -465,6 +464,9 @@ class SessionCodeTool:
         """Close every session, and the sandbox if the tool built it."""
         for key in list(self._sessions):
             await self._close(key)
+        while self._pending:
+            await asyncio.gather(*self._pending, return_exceptions=True)
+            await asyncio.sleep(0)  # (their done-callbacks run: a close may follow an open)
         self._instances.clear()
         if self._owns_sandbox and self._sandbox is not None:
             sandbox, self._sandbox = self._sandbox, None
@@ -473,7 +475,7 @@ class SessionCodeTool:
     async def _session(self, key: str) -> tuple[Session, str | None]:
         """The trajectory's session, and why its previous one ended if it did between calls
         (idle past ``session_ttl``, say): the observation must say so."""
-        self._forget_ended(but=key)
+        await self._forget_ended(but=key)
         lock = self._opening.setdefault(key, asyncio.Lock())
         self._waiting[key] = self._waiting.get(key, 0) + 1
         try:
@@ -483,7 +485,12 @@ class SessionCodeTool:
                 if session is None or ended is not None:
                     if session is not None:
                         await session.aclose()
-                    session = await self.sandbox.aopen_session(memory_mb=self.memory_mb)
+                    try:
+                        session = await self._open()
+                    except BaseException:
+                        if ended is not None and key not in self._sessions:
+                            self._ended[key] = ended  # still for the next call to say
+                        raise
                     self._sessions[key] = session
                 return session, ended
         finally:
@@ -493,11 +500,44 @@ class SessionCodeTool:
             elif key not in self._sessions and self._opening.get(key) is lock:
                 del self._opening[key]
 
-    def _forget_ended(self, but: str) -> None:
+    async def _open(self) -> Session:
+        """A new session. One whose open completes after the call that asked was cancelled
+        is closed then: it stayed open, out of every table, counting against
+        ``max_sessions`` until its TTL (the review of the twenty-eighth round)."""
+        opening = asyncio.ensure_future(self.sandbox.aopen_session(memory_mb=self.memory_mb))
+        try:
+            return await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            self._pending.add(opening)
+            opening.add_done_callback(self._close_once_open)
+            raise
+
+    def _close_once_open(self, opening: asyncio.Future[Session]) -> None:
+        """Close the session an abandoned open made, if it made one (``aclose`` waits)."""
+        self._pending.discard(opening)
+        if opening.cancelled() or opening.exception() is not None:
+            return
+        closing = asyncio.ensure_future(opening.result().aclose())
+        self._pending.add(closing)
+        closing.add_done_callback(self._pending.discard)
+
+    async def _drop(self, key: str, session: Session) -> None:
+        """Forget and close the trajectory's session that ended during a call; its lock too,
+        unless another call of the trajectory is in ``_session`` (a lock per trajectory
+        whose interpreter ended was kept, without bound)."""
+        if self._sessions.get(key) is session:
+            del self._sessions[key]
+            if not self._waiting.get(key):
+                self._opening.pop(key, None)
+        await session.aclose()
+
+    async def _forget_ended(self, but: str) -> None:
         """Drop the sessions that ended by themselves (idle past ``session_ttl``, say),
         keeping only why, for a while: verl never says a trajectory is over, and a
         table of every trajectory's session grew without bound (~31 KiB each on Docker;
-        the sixth red-team round)."""
+        the sixth red-team round). Each is closed too: one whose call was cancelled
+        before it could close it stayed open."""
+        dropped = []
         for key, session in list(self._sessions.items()):
             if key == but or session.lost is None or self._waiting.get(key):
                 continue  # (a call in ``_session``, holding or awaiting the lock: its own)
@@ -506,10 +546,14 @@ class SessionCodeTool:
             self._ended[key] = session.lost
             while len(self._ended) > ENDED_KEPT:
                 self._ended.popitem(last=False)
+            dropped.append(session)
+        for session in dropped:
+            await session.aclose()
 
     async def _close(self, key: str) -> None:
         self._ended.pop(key, None)
-        self._opening.pop(key, None)
+        if not self._waiting.get(key):  # else a call of it holds the lock: kept for it
+            self._opening.pop(key, None)
         session = self._sessions.pop(key, None)
         if session is not None:
             await session.aclose()

@@ -53,6 +53,7 @@ from retool_exec._formatting import sanitize_tool_content
 from retool_exec._models import ExecResult, Outcome
 from retool_exec._sandbox import Sandbox
 from retool_exec._session import Session
+from retool_exec._text import utf8_safe
 from retool_exec.backends.registry import backend_spec
 
 __all__ = [
@@ -374,7 +375,9 @@ class SandboxTools:
         except Exception as exc:
             log.exception("%s failed", tool)
             message = f"Error: {tool} failed inside retool-exec: {_one_line(exc)}"
-        return _failure(sanitize_tool_content(message, self.sandbox.markers))
+        # (A lone surrogate cannot cross a UTF-8 transport: over stdio the SDK's writer
+        # failed on one and the server exited. The review of the twenty-eighth round.)
+        return _failure(str(utf8_safe(sanitize_tool_content(message, self.sandbox.markers))))
 
     def _timeout(self, timeout: float | None) -> float | None:
         if timeout is not None and timeout > self.max_timeout:

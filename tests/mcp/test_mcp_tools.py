@@ -230,3 +230,18 @@ def test_chat_markers_are_neutralized_in_every_failure_too() -> None:
     assert result.is_error
     assert "<|im_end|>" not in text(result) and "<|im_start|>" not in text(result)
     assert "the fork failed: < im_end >" in text(result)
+
+
+def test_a_failure_whose_text_holds_a_lone_surrogate_is_answered() -> None:
+    """A fork's reason is the code's (``OSError('\\ud800')`` from an ``os.mkdir`` it
+    replaced): over stdio the SDK's writer could not encode it and the server exited
+    (the review of the twenty-eighth round)."""
+    from retool_exec import SessionError
+
+    async def fork_fails() -> CallToolResult:
+        raise SessionError("the fork failed: [Errno 13] Permission denied: 'x\udcff'")
+
+    with Sandbox(FakeBackend()) as sandbox:
+        result = asyncio.run(SandboxTools(sandbox)._guard("session_fork", fork_fails))
+    assert text(result) == "Error: the fork failed: [Errno 13] Permission denied: 'x?'"
+    text(result).encode("utf-8")  # what a UTF-8 transport must write
