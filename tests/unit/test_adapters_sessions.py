@@ -471,3 +471,31 @@ def test_a_failed_open_keeps_the_note_for_the_next_call() -> None:
 
         said = asyncio.run(calls())
     assert "[the interpreter of the earlier calls had ended (it was idle" in said
+
+
+def test_an_ended_session_forgotten_between_calls_is_closed() -> None:
+    """A call cancelled just as its cell ended the interpreter left the session lost but
+    open; forgetting it did not close it (the review of the twenty-eighth round)."""
+
+    async def slow(cell: FakeCell) -> ExecResult | str:
+        await asyncio.sleep(0.05)
+        return history(cell)
+
+    with Sandbox(FakeBackend(session_handler=slow), max_sessions=8) as box:
+        tool = SessionCodeTool({}, sandbox=box)
+
+        async def calls() -> tuple[bool, bool]:
+            await call_tool(tool, "a", AgentData("r"))
+            ending = asyncio.create_task(call_tool(tool, "exit", AgentData("r")))
+            await asyncio.sleep(0.01)  # its cell runs
+            time.sleep(0.2)  # noqa: ASYNC251 - this loop busy while the cell ends it
+            ending.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await ending
+            session = tool._sessions["request:r"]
+            await call_tool(tool, "x", AgentData("other"))  # forgets r's ended session
+            closed = session.closed
+            await tool.aclose()
+            return session.lost is not None, closed
+
+        assert asyncio.run(calls()) == (True, True)
