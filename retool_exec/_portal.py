@@ -30,6 +30,7 @@ class LoopThread:
         self._ready = threading.Event()
         self._gate = threading.Lock()
         self._accepting = True
+        self._kept: set[asyncio.Task[object]] = set()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
         self._ready.wait()
@@ -81,13 +82,24 @@ class LoopThread:
         """Schedule ``coro`` on the loop from any thread (RuntimeError once it is stopping)."""
         return self._hand_over(coro, lambda: asyncio.run_coroutine_threadsafe(coro, self.loop))
 
-    async def run_from_other_loop(self, coro: Coroutine[Any, Any, T]) -> T:
+    async def run_from_other_loop(
+        self,
+        coro: Coroutine[Any, Any, T],
+        *,
+        shielded: bool = False,
+        abandoned: Callable[[T], Coroutine[Any, Any, object]] | None = None,
+    ) -> T:
         """Await ``coro`` on this loop from another running event loop.
 
         One wake-up each way and nothing else: ``asyncio.wrap_future(submit(...))``
         also makes a concurrent future, takes its lock and chains it to a second
         future, ~35 us of CPU more per call (100 -> 65 us a round trip, measured).
-        Cancelling the awaiting task cancels ``coro``'s task here.
+        Cancelling the awaiting task cancels ``coro``'s task here, unless ``shielded``
+        (a close, once handed over, runs to its end: cancelled before its first step it
+        never began). ``abandoned(result)`` runs here on a result the cancelled caller
+        will never see, whenever ``coro`` ends with one: a session opened for a caller
+        that gave up is closed (it stayed open, in no table, until its TTL: the review
+        of the twenty-eighth red-team round).
         """
         caller = asyncio.get_running_loop()
         outcome: asyncio.Future[T] = caller.create_future()
@@ -114,9 +126,15 @@ class LoopThread:
             started.append(task)
             task.add_done_callback(finished)
 
+        def settle(task: asyncio.Task[T]) -> None:  # in this loop: its caller is gone
+            if abandoned is not None and not task.cancelled() and task.exception() is None:
+                self._keep(abandoned(task.result()))
+
         def cancel() -> None:  # in this loop, after start (same queue, FIFO)
             for task in started:
-                task.cancel()
+                task.add_done_callback(settle)  # (at once if it has ended)
+                if not shielded:
+                    task.cancel()
 
         self._hand_over(coro, lambda: self.loop.call_soon_threadsafe(start))
         try:
@@ -125,6 +143,12 @@ class LoopThread:
             with contextlib.suppress(RuntimeError):
                 self.loop.call_soon_threadsafe(cancel)
             raise
+
+    def _keep(self, work: Coroutine[Any, Any, object]) -> None:
+        """Run ``work`` as a task of this loop, referenced until it ends."""
+        task = self.loop.create_task(work)
+        self._kept.add(task)
+        task.add_done_callback(self._kept.discard)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the loop (cancelling what still runs) and wait for the thread."""

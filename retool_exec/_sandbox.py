@@ -24,7 +24,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -38,7 +38,7 @@ from retool_exec._formatting import format_tool_content, resolve_markers
 from retool_exec._handoff import Slots
 from retool_exec._models import ExecResult, Outcome
 from retool_exec._portal import LoopThread
-from retool_exec._session import Session
+from retool_exec._session import Session, close_abandoned
 from retool_exec._stats import SandboxStats
 from retool_exec.backends.base import Backend, RunRequest, SessionHandle
 from retool_exec.backends.config import BackendConfigBase, LocalConfig
@@ -243,8 +243,11 @@ class Sandbox:
         return self._call_in_loop(self._open_session_in_loop(memory_mb))
 
     async def aopen_session(self, *, memory_mb: int | None = None) -> Session:
-        """Async ``open_session``."""
-        return await self._acall_in_loop(self._open_session_in_loop(memory_mb))
+        """Async ``open_session``. A session opened for a caller that gave up (cancelled)
+        before it was handed over is closed."""
+        return await self._acall_in_loop(
+            self._open_session_in_loop(memory_mb), abandoned=close_abandoned
+        )
 
     @property
     def open_sessions(self) -> int:
@@ -368,8 +371,15 @@ class Sandbox:
             and self.backend.runs_on_any_loop
         )
 
-    async def _acall_in_loop(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run ``coro`` on the sandbox's loop without blocking the caller's loop."""
+    async def _acall_in_loop(
+        self,
+        coro: Coroutine[Any, Any, T],
+        *,
+        shielded: bool = False,
+        abandoned: Callable[[T], Coroutine[Any, Any, object]] | None = None,
+    ) -> T:
+        """Run ``coro`` on the sandbox's loop without blocking the caller's loop
+        (``shielded`` and ``abandoned``: ``LoopThread.run_from_other_loop``)."""
         try:
             portal = self._ensure_portal()
         except BaseException:
@@ -378,7 +388,7 @@ class Sandbox:
         if portal.in_loop_thread:
             return await coro
         try:
-            return await portal.run_from_other_loop(coro)
+            return await portal.run_from_other_loop(coro, shielded=shielded, abandoned=abandoned)
         except asyncio.CancelledError:
             caller = asyncio.current_task()
             if self._closed and caller is not None and not caller.cancelling():

@@ -105,8 +105,8 @@ class Session:
         return self._sandbox._call_in_loop(self.afork_in_loop())
 
     async def afork(self) -> Session:
-        """Async ``fork``."""
-        return await self._sandbox._acall_in_loop(self.afork_in_loop())
+        """Async ``fork``; a copy made for a caller that gave up is closed."""
+        return await self._sandbox._acall_in_loop(self.afork_in_loop(), abandoned=close_abandoned)
 
     async def afork_in_loop(self) -> Session:
         async with self._lock:
@@ -144,7 +144,17 @@ class Session:
         """Async ``close``."""
         if not self._closed:
             with contextlib.suppress(SandboxClosedError):
-                await self._sandbox._acall_in_loop(self.aclose_in_loop())
+                # Shielded: handed over, the close runs to its end however soon its
+                # caller gives up (cancelled before its first step, it never began).
+                await self._sandbox._acall_in_loop(self.aclose_in_loop(), shielded=True)
+
+    def _close_soon(self) -> None:
+        """Hand the close over to the sandbox's loop now, without waiting for it: for a
+        caller that must not be cut short between forgetting a session and closing it."""
+        if self._closed:
+            return
+        with contextlib.suppress(RuntimeError):  # the sandbox's loop stopped: it closed all
+            self._sandbox._ensure_portal().submit(self.aclose_in_loop())
 
     async def aclose_in_loop(self, reason: str | None = None) -> None:
         """End the interpreter. A close that has begun runs to its end even if its caller
@@ -196,3 +206,9 @@ class Session:
     def __repr__(self) -> str:
         state = f"lost: {self.lost}" if self.lost else f"{self.cells} cells"
         return f"Session({self._sandbox.backend.name}, {state})"
+
+
+async def close_abandoned(session: Session) -> None:
+    """Close a session whose caller gave up before it was handed over (run on the
+    sandbox's loop: ``LoopThread.run_from_other_loop``)."""
+    await session.aclose_in_loop("its caller gave up before it was handed over")

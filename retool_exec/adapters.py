@@ -362,9 +362,6 @@ class SessionCodeTool:
         self._instances: dict[str, str] = {}
         self._opening: dict[str, asyncio.Lock] = {}
         self._waiting: dict[str, int] = {}
-        self._pending: set[asyncio.Future[Any]] = set()
-        """Opens abandoned by a cancelled call, and the closes of what they opened
-        (``_open``), until they end: ``aclose`` waits for them."""
         """Calls of each trajectory in ``_session`` now: its lock is dropped when the last
         leaves without a session (an open that failed or was cancelled left one per
         trajectory, without bound: the twenty-eighth red-team round)."""
@@ -464,9 +461,6 @@ class SessionCodeTool:
         """Close every session, and the sandbox if the tool built it."""
         for key in list(self._sessions):
             await self._close(key)
-        while self._pending:
-            await asyncio.gather(*self._pending, return_exceptions=True)
-            await asyncio.sleep(0)  # (their done-callbacks run: a close may follow an open)
         self._instances.clear()
         if self._owns_sandbox and self._sandbox is not None:
             sandbox, self._sandbox = self._sandbox, None
@@ -475,7 +469,7 @@ class SessionCodeTool:
     async def _session(self, key: str) -> tuple[Session, str | None]:
         """The trajectory's session, and why its previous one ended if it did between calls
         (idle past ``session_ttl``, say): the observation must say so."""
-        await self._forget_ended(but=key)
+        self._forget_ended(but=key)
         lock = self._opening.setdefault(key, asyncio.Lock())
         self._waiting[key] = self._waiting.get(key, 0) + 1
         try:
@@ -486,7 +480,7 @@ class SessionCodeTool:
                     if session is not None:
                         await session.aclose()
                     try:
-                        session = await self._open()
+                        session = await self.sandbox.aopen_session(memory_mb=self.memory_mb)
                     except BaseException:
                         if ended is not None and key not in self._sessions:
                             self._ended[key] = ended  # still for the next call to say
@@ -500,27 +494,6 @@ class SessionCodeTool:
             elif key not in self._sessions and self._opening.get(key) is lock:
                 del self._opening[key]
 
-    async def _open(self) -> Session:
-        """A new session. One whose open completes after the call that asked was cancelled
-        is closed then: it stayed open, out of every table, counting against
-        ``max_sessions`` until its TTL (the review of the twenty-eighth round)."""
-        opening = asyncio.ensure_future(self.sandbox.aopen_session(memory_mb=self.memory_mb))
-        try:
-            return await asyncio.shield(opening)
-        except asyncio.CancelledError:
-            self._pending.add(opening)
-            opening.add_done_callback(self._close_once_open)
-            raise
-
-    def _close_once_open(self, opening: asyncio.Future[Session]) -> None:
-        """Close the session an abandoned open made, if it made one (``aclose`` waits)."""
-        self._pending.discard(opening)
-        if opening.cancelled() or opening.exception() is not None:
-            return
-        closing = asyncio.ensure_future(opening.result().aclose())
-        self._pending.add(closing)
-        closing.add_done_callback(self._pending.discard)
-
     async def _drop(self, key: str, session: Session) -> None:
         """Forget and close the trajectory's session that ended during a call; its lock too,
         unless another call of the trajectory is in ``_session`` (a lock per trajectory
@@ -531,13 +504,12 @@ class SessionCodeTool:
                 self._opening.pop(key, None)
         await session.aclose()
 
-    async def _forget_ended(self, but: str) -> None:
+    def _forget_ended(self, but: str) -> None:
         """Drop the sessions that ended by themselves (idle past ``session_ttl``, say),
         keeping only why, for a while: verl never says a trajectory is over, and a
         table of every trajectory's session grew without bound (~31 KiB each on Docker;
-        the sixth red-team round). Each is closed too: one whose call was cancelled
-        before it could close it stayed open."""
-        dropped = []
+        the sixth red-team round). Each is closed too, handed over at once (one whose
+        call was cancelled before it could close it stayed open)."""
         for key, session in list(self._sessions.items()):
             if key == but or session.lost is None or self._waiting.get(key):
                 continue  # (a call in ``_session``, holding or awaiting the lock: its own)
@@ -546,9 +518,7 @@ class SessionCodeTool:
             self._ended[key] = session.lost
             while len(self._ended) > ENDED_KEPT:
                 self._ended.popitem(last=False)
-            dropped.append(session)
-        for session in dropped:
-            await session.aclose()
+            session._close_soon()
 
     async def _close(self, key: str) -> None:
         self._ended.pop(key, None)

@@ -377,7 +377,7 @@ class SandboxTools:
             message = f"Error: {tool} failed inside retool-exec: {_one_line(exc)}"
         # (A lone surrogate cannot cross a UTF-8 transport: over stdio the SDK's writer
         # failed on one and the server exited. The review of the twenty-eighth round.)
-        return _failure(str(utf8_safe(sanitize_tool_content(message, self.sandbox.markers))))
+        return _failure(sanitize_tool_content(str(utf8_safe(message)), self.sandbox.markers))
 
     def _timeout(self, timeout: float | None) -> float | None:
         if timeout is not None and timeout > self.max_timeout:

@@ -430,7 +430,8 @@ def test_a_release_while_the_trajectory_opens_leaves_one_session() -> None:
 
 def test_a_call_cancelled_while_its_session_opens_leaves_none_open() -> None:
     """The session opened for it stayed open, in no table, until its TTL (the review of
-    the twenty-eighth round)."""
+    the twenty-eighth round). Now the sandbox closes a session whose caller gave up
+    before it was handed over (``LoopThread.run_from_other_loop``'s ``abandoned``)."""
     backend = SlowOpen(session_handler=history)
     backend.open_delay = 0.05
     with Sandbox(backend, max_sessions=8) as box:
@@ -444,6 +445,9 @@ def test_a_call_cancelled_while_its_session_opens_leaves_none_open() -> None:
             with pytest.raises(asyncio.CancelledError):
                 await call
             await tool.aclose()
+            deadline = time.monotonic() + 5  # (closed on the sandbox's own loop, soon)
+            while box.open_sessions and time.monotonic() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
             return box.open_sessions
 
         assert asyncio.run(cancelled()) == 0
@@ -494,6 +498,9 @@ def test_an_ended_session_forgotten_between_calls_is_closed() -> None:
                 await ending
             session = tool._sessions["request:r"]
             await call_tool(tool, "x", AgentData("other"))  # forgets r's ended session
+            deadline = time.monotonic() + 5  # (its close is handed over, not awaited)
+            while not session.closed and time.monotonic() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
             closed = session.closed
             await tool.aclose()
             return session.lost is not None, closed

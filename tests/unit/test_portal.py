@@ -170,3 +170,51 @@ def test_work_handed_over_as_the_loop_stops_is_not_left_pending() -> None:
     caller.join(5)
     assert not caller.is_alive(), "the caller waits for work its closed loop will never run"
     assert heard == ["cancelled"]
+
+
+def test_a_result_its_cancelled_caller_never_sees_is_abandoned(portal: LoopThread) -> None:
+    """Done on the portal while its caller's loop was busy, then the caller cancelled:
+    the result (a session opened for it) was dropped; ``abandoned`` now gets it."""
+    given: list[int] = []
+    handed = threading.Event()
+
+    async def work() -> int:
+        await asyncio.sleep(0.05)
+        return 42
+
+    async def abandon(value: int) -> None:
+        given.append(value)
+        handed.set()
+
+    async def main() -> None:
+        call = asyncio.ensure_future(portal.run_from_other_loop(work(), abandoned=abandon))
+        await asyncio.sleep(0.01)  # handed over
+        threading.Event().wait(0.3)  # this loop busy while the work ends on the portal
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+
+    asyncio.run(main())
+    assert handed.wait(5) and given == [42]
+
+
+def test_shielded_work_runs_to_its_end_however_soon_its_caller_gives_up(
+    portal: LoopThread,
+) -> None:
+    """A close cancelled before its first step never began (the review of the
+    twenty-eighth red-team round): shielded, it runs."""
+    ran = threading.Event()
+
+    async def close() -> None:
+        await asyncio.sleep(0.05)
+        ran.set()
+
+    async def main() -> None:
+        call = asyncio.ensure_future(portal.run_from_other_loop(close(), shielded=True))
+        await asyncio.sleep(0)  # handed over, not yet begun
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+
+    asyncio.run(main())
+    assert ran.wait(5)
