@@ -55,6 +55,7 @@ def test_the_session_cases_are_in_the_corpus() -> None:
         "res-session-fork-deep-tree",
         "proto-session-peeked-cells",
         "proto-session-leader-thread-exits",
+        "proto-session-oversized-cell-end",
     }
     for case in SESSION_CASES:
         assert case.exclusive  # a family holds a container: not beside other cases

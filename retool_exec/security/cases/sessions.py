@@ -701,6 +701,38 @@ def _leader_exit_is_no_end(obs: Observation) -> bool:
     )
 
 
+# -- (f) a cell's end too large for the events pipe -------------------------------------------
+
+_OVERSIZED_END = """
+    class Quiet(str):  # says it is empty, and slices to itself
+        def __len__(self):
+            return 0
+
+        def __getitem__(self, key):
+            return self
+
+    class Failure(Exception):
+        def __str__(self):
+            return Quiet("\\U0001F600" * 400_000)
+
+    raise Failure()
+"""
+
+
+def _end_cut_not_killed(obs: Observation) -> bool:
+    """The cell's own error, not a kill it did not earn; the session's state lives on."""
+    attack, check = obs.cells.get("attack"), obs.cells.get("check")
+    if attack is None or check is None:
+        return False
+    names = [record.get("ename") for cell in attack.cells for record in cell.error]
+    return (
+        attack.outcome is Outcome.ERROR
+        and attack.returncode == 1
+        and names == ["Failure"]
+        and check.stdout == "42\n"
+    )
+
+
 CASES: tuple[Case, ...] = (
     Case(
         id="iso-session-other-family",
@@ -955,6 +987,29 @@ CASES: tuple[Case, ...] = (
         note="Each later cell reports how many frames its session has peeked and never "
         "read. Contained: at most its own; the supervisor finds the earlier frame still "
         "queued (SIOCOUTQ) before sending the next, and kills the session instead.",
+    ),
+    Case(
+        id="proto-session-oversized-cell-end",
+        klass=CaseClass.PROTOCOL,
+        title="a cell whose error record is over the events pipe's limit (its message a str "
+        "that says it is empty) is its own error, not a kill of its session",
+        code="",
+        session_steps=(
+            _open("s"),
+            _cell("s", "set", "kept = 42"),
+            _cell("s", "attack", _OVERSIZED_END),
+            _cell("s", "check", "print(kept)"),
+        ),
+        contained=_end_cut_not_killed,
+        severity=Severity.MEDIUM,
+        local=Expect.CONTAINED,
+        reference="retool_exec red-team round of 2026-12-06 (twenty-eighth) and its review: "
+        "a traceback over 1 MiB made the cell's end frame too large; the supervisor took it "
+        "for a broken stream and killed the interpreter (-9, the session lost), and a str "
+        "subclass whose __len__ says 0 defeated the first fix's cut",
+        exclusive=True,
+        note="The call's process makes every string of an event an exact str and cuts them "
+        "until the frame fits (zygote.fitted_frame); the local backend's runner does the same.",
     ),
     Case(
         id="proto-session-leader-thread-exits",
