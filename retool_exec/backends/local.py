@@ -138,11 +138,20 @@ _BOOTSTRAP = (
     "except BaseException as _retool_exc:\n"
     "    _retool_exc.with_traceback(_retool_exc.__traceback__.tb_next)\n"
     "    _retool_sys = __import__('sys')\n"
+    "    _retool_type = _retool_exc.__class__\n"
+    "    _retool_hook = _retool_sys.__dict__.get('excepthook')\n"
+    "    _retool_sys.last_type, _retool_sys.last_value = _retool_type, _retool_exc\n"
+    "    _retool_sys.last_traceback = _retool_exc.__traceback__\n"  # as python3 sets them
     "    try:\n"
-    "        if getattr(_retool_sys, 'excepthook', None) is None:\n"  # as python3 says it
+    "        _retool_sys.audit('sys.excepthook', _retool_hook, _retool_type, _retool_exc,\n"
+    "            _retool_exc.__traceback__)\n"
+    "    except RuntimeError:\n"  # an audit hook refused it: python3 prints nothing
+    "        raise SystemExit(1) from None\n"
+    "    try:\n"
+    "        if _retool_hook is None:\n"  # as python3 says it
     "            _retool_sys.stderr.write('sys.excepthook is missing\\n')\n"
-    "            _retool_sys.excepthook = _retool_sys.__excepthook__\n"
-    "        _retool_sys.excepthook(type(_retool_exc), _retool_exc, _retool_exc.__traceback__)\n"
+    "            _retool_sys.excepthook = _retool_hook = _retool_sys.__excepthook__\n"
+    "        _retool_hook(_retool_type, _retool_exc, _retool_exc.__traceback__)\n"
     "    except SystemExit:\n"  # python3 exits with a hook's SystemExit, silently
     "        raise\n"
     "    except BaseException as _retool_hook:\n"  # as python3 reports a hook that raised

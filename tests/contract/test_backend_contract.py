@@ -81,6 +81,23 @@ COUNTED_FLUSHES = (
 """Streams that say on descriptor 1 each time they are flushed: python3 flushes the code's
 ``sys.stdout`` once at its end, and never a ``sys.__stdout__`` the code set."""
 
+TRACER = "import sys\ndef t(f, e, a):\n    if e == 'call': {write}\nsys.settrace(t)\n"
+"""A trace function the code leaves on: ``{write}`` runs at each call it sees."""
+PROFILED = (
+    "import atexit, sys\n"
+    "def ex(): print('atexit fn')\n"
+    "atexit.register(ex)\n"
+    "def p(f, e, a):\n"
+    "    name = a.__name__ if e.startswith('c_') else f.f_code.co_name\n"
+    "    sys.stderr.write(f'P {e} {name}\\n')\n"
+    "sys.setprofile(p)\n"
+    "print('x')"
+)
+"""A profile function the code leaves on: python3's sees its at-exit function, nothing else."""
+DIVISION_BY_ZERO_LINE_3 = (
+    'Traceback (most recent call last):\n  File "<sandbox>", line 3, in <module>\n'
+    "ZeroDivisionError: division by zero\n"
+)
 ANNOTATIONS = "def f(x: int) -> str: pass\nprint(f.__annotations__)\n"
 """Code whose output depends on the compiler flags it runs under (PEP 563 strings or not)."""
 ANNOTATIONS_SEEN = "{'x': <class 'int'>, 'return': <class 'str'>}\n"
@@ -699,6 +716,131 @@ class TestBackendContract:
         assert result.returncode == 1
         assert result.stderr.startswith("sys.excepthook is missing\nTraceback"), result
         assert result.stderr.endswith("ValueError: v\n"), result
+
+    @pytest.mark.parametrize(
+        ("code", "returncode", "stdout", "stderr"),
+        [
+            (TRACER.format(write="print('T', f.f_code.co_name)") + "print('x')", 0, "x\n", ""),
+            (
+                "import atexit\natexit.register(lambda: print('at exit'))\n"
+                + TRACER.format(write="sys.stderr.write(f'T {f.f_code.co_name}\\n')")
+                + "print('x')",
+                0, "x\nat exit\n", "T <lambda>\n",
+            ),
+            (
+                PROFILED, 0, "x\natexit fn\n",
+                "P c_call print\nP c_return print\nP return <module>\n"
+                "P call ex\nP c_call print\nP c_return print\nP return ex\n",
+            ),
+            (TRACER.format(write="raise RuntimeError('boom')") + "print('x')", 0, "x\n", ""),
+            ("import builtins\nbuiltins.vars = None\nprint('answer 42')", 0, "answer 42\n", ""),
+            ("import builtins\nbuiltins.getattr = None\n1/0", 1, "", DIVISION_BY_ZERO_LINE_3),
+            (
+                "import builtins, sys\nbuiltins.isinstance = lambda *a: False\nsys.exit(0)",
+                0, "", "",
+            ),
+            (
+                "import builtins, sys\n_print = print\n"
+                "builtins.print = lambda *a, **k: _print('LOG', *a, **k)\nsys.exit('failed')",
+                1, "", "failed\n",
+            ),
+            ("import sys\nsys.stderr = None\nsys.exit('ANSWER')", 1, "", "ANSWER\n"),
+            (
+                "import sys\nclass C:\n    def __str__(self): raise ValueError\nsys.exit(C())",
+                1, "", "\n",
+            ),
+            (
+                "import threading, time\n"
+                "def b(): time.sleep(0.3); print('answer from B')\n"
+                "def a(): time.sleep(0.2); threading.Thread(target=b).start()\n"
+                "threading.Thread(target=a).start()\n"
+                "print('main done')",
+                0, "main done\nanswer from B\n", "",
+            ),
+            (
+                "import threading, time\n"
+                "class T(threading.Thread):\n"
+                "    def run(self): time.sleep(0.3); print('answer 42')\n"
+                "    def join(self, timeout=None): return None\n"
+                "T().start()",
+                0, "answer 42\n", "",
+            ),
+            (
+                "import threading\n"
+                "def w():\n"
+                "    threading.main_thread().join()\n"
+                "    print('after main')\n"
+                "threading.Thread(target=w).start()\n"
+                "print('main done')",
+                0, "main done\nafter main\n", "",
+            ),
+            (
+                "import atexit, sys\n"
+                "atexit.register(lambda: print('last', getattr(sys, 'last_type', None)))\n"
+                "1/0",
+                1, "last <class 'ZeroDivisionError'>\n", DIVISION_BY_ZERO_LINE_3,
+            ),
+            ("import sys\nprint(hasattr(sys, 'last_value'))", 0, "False\n", ""),
+            ("import os\nos._exit = lambda *a: None\nprint(42)", 0, "42\n", ""),
+            (
+                "import sys\n"
+                "def h(event, args):\n"
+                "    if event == 'sys.excepthook': raise RuntimeError('no')\n"
+                "sys.addaudithook(h)\n"
+                "1/0",
+                1, "", "",
+            ),
+        ],
+        ids=[
+            "tracer-left-on", "tracer-sees-an-at-exit-function", "profiler-left-on",
+            "tracer-raises", "vars-replaced", "getattr-replaced", "isinstance-replaced",
+            "print-replaced", "exit-message-without-stderr", "exit-message-unprintable",
+            "thread-started-late", "join-overridden", "thread-joins-main", "last-value-at-exit",
+            "no-last-value-at-start", "os-exit-replaced", "audit-hook-refuses-the-hook",
+        ],
+    )  # fmt: skip
+    def test_the_end_is_python3_s_whatever_the_code_changed(  # noqa: PLR0917 - the table's
+        self,
+        sandbox: Sandbox,
+        backend_id: str,
+        code: str,
+        returncode: int,
+        stdout: str,
+        stderr: str,
+    ) -> None:
+        """The end of a Docker call is the agent's Python, run in the interpreter the code
+        changed: a tracer left on saw the agent's functions and, raising, ended the call
+        with status 70; a builtin set to None lost a printed answer; the agent joined only
+        the threads alive as the end began, through a ``join`` the code could override; an
+        exit message went to stdout without ``sys.stderr``; ``sys.last_value`` was never
+        set (twenty-ninth red-team round). Expected: the image's python3's own results
+        (``docker run ... python3 -c``, ``<string>`` read as ``<sandbox>``). The local
+        backend runs the code under the seed's bootstrap in the same interpreter, whose own
+        frame a profiler sees return."""
+        if backend_id == "local" and code == PROFILED:
+            pytest.skip("the local backend's bootstrap frame returns under the profiler")
+        result = sandbox.run_code(code)
+        assert (result.returncode, result.stdout, result.stderr) == (returncode, stdout, stderr)
+
+    def test_a_join_the_code_overrode_does_not_end_its_threads(self, sandbox: Sandbox) -> None:
+        """python3 waits for every thread that is not a daemon, not through its ``join``: a
+        worker that only an overridden ``join`` would stop keeps python3 running until its
+        time limit. The agent called that ``join``, and the call was a success."""
+        code = (
+            "import queue, threading\n"
+            "tasks = queue.Queue()\n"
+            "class Worker(threading.Thread):\n"
+            "    def run(self):\n"
+            "        while tasks.get() is not None:\n"
+            "            print('task')\n"
+            "    def join(self, timeout=None):\n"
+            "        tasks.put(None)\n"
+            "Worker().start()\n"
+            "tasks.put(1)\n"
+            "print('main done')"
+        )
+        result = sandbox.run_code(code, timeout=2)
+        assert result.outcome == Outcome.TIMEOUT, result
 
     @pytest.mark.parametrize(
         "code",

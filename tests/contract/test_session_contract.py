@@ -174,6 +174,29 @@ class TestSessionContract:
             assert result.detail == ""
             assert value(session, "kept") == "still here"
 
+    def test_a_trace_function_sees_the_cells_and_one_that_raises_is_a_cells_error(
+        self, sandbox: Sandbox, backend_id: str
+    ) -> None:
+        """A trace function a cell leaves on: the Docker agent's own frames between cells
+        were traced (their names in the next cell's output), and one that raised there ended
+        the interpreter with status 70: the session lost (twenty-ninth red-team round).
+        The local backend's cell runner is Python its tracer sees, and a tracer that raises
+        there ends its session (not a boundary: named here, not hidden)."""
+        with sandbox.session() as session:
+            tracer = "def t(f, e, a):\n    if e == 'call': print('T', f.f_code.co_name)\n"
+            assert session.run_code("import sys\n" + tracer + "sys.settrace(t)").ok
+            traced = session.run_code("def f():\n    return 1\nf()")
+            assert traced.outcome is Outcome.SUCCESS, traced
+            if backend_id == "local":
+                return
+            assert traced.stdout == "T <module>\nT <module>\nT f\n", traced
+            raising = "def t(f, e, a):\n    raise RuntimeError('boom')\nsys.settrace(t)\n"
+            assert session.run_code(raising).ok
+            failed = session.run_code("print('x')")  # its tracer raises as the cell starts
+            assert failed.outcome is Outcome.ERROR, failed
+            assert failed.stderr.endswith("RuntimeError: boom\n"), failed
+            assert session.run_code("print('alive')").stdout == "alive\n"
+
     def test_a_traceback_over_a_mebibyte_is_the_cells_error_and_the_session_lives_on(
         self, sandbox: Sandbox
     ) -> None:

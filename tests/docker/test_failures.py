@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 import time
@@ -565,6 +566,56 @@ def test_under_gvisor_many_busy_tasks_end_as_the_call_s_own_outcome() -> None:
             result = sandbox.run_code(code, timeout=4)
             assert result.outcome is not Outcome.SANDBOX_ERROR, result
         assert sandbox.run_code("print(6 * 7)").stdout == "42\n"
+
+
+def test_under_gvisor_fork_bombs_run_to_their_limit_are_their_own_timeouts() -> None:
+    """Four fork bombs at once, each run to its 2 s limit, kept gVisor's kernel busy past
+    the host's grace: the agents said nothing by then, and every call came back as
+    ``sandbox_error``, the sandbox's failure, which trainers drop (twenty-ninth red-team
+    round: 12 of 12). A silent agent in a container nobody paused is now the call's own
+    ``timeout`` (or ``oom``)."""
+    require_docker()
+    bomb = "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass\n"
+    config = DockerConfig(policy="reuse", pool_size=4, runtime="runsc", labels=LABELS)
+
+    async def four(sandbox: Sandbox) -> list[ExecResult]:
+        return list(await asyncio.gather(*(sandbox.arun_code(bomb, timeout=2) for _ in range(4))))
+
+    with Sandbox(config, max_workers=4) as sandbox:
+        sandbox.start()
+        results = asyncio.run(four(sandbox))
+        assert {result.outcome for result in results} <= {Outcome.TIMEOUT, Outcome.OOM}, results
+        assert sandbox.run_code("print(6 * 7)").stdout == "42\n"
+
+
+def test_under_gvisor_what_a_call_left_in_the_sandboxs_kernel_is_not_the_next_calls() -> None:
+    """gVisor's kernel keeps the memory of a call's socket buffers after the call: a call
+    that filled 100 socket pairs left ~850 MiB of a 1 GiB container held, the reset
+    (which reads the sandbox's own ``/proc/meminfo``) called it clean, and the next call
+    that needed 300 MiB there was killed as ``oom`` (twenty-ninth red-team round). The
+    host now reads the container's cgroup and retires it."""
+    require_docker()
+    plant = (
+        "import socket\n"
+        "kept = []\n"
+        "for _ in range(100):\n"
+        "    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)\n"
+        "    for s in (a, b):\n"
+        "        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)\n"
+        "        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)\n"
+        "    b.setblocking(False)\n"
+        "    try:\n"
+        "        for _ in range(400): b.send(b'x' * 60000)\n"
+        "    except OSError: pass\n"
+        "    kept.append((a, b))\n"
+        "print('planted')\n"
+    )
+    probe = "b = bytearray(300 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\nprint('ok')\n"
+    config = DockerConfig(policy="reuse", pool_size=1, runtime="runsc", labels=LABELS)
+    with Sandbox(config, max_workers=1) as sandbox:
+        assert sandbox.run_code(plant, timeout=20).stdout == "planted\n"
+        result = sandbox.run_code(probe, timeout=20)
+        assert (result.outcome, result.stdout) == (Outcome.SUCCESS, "ok\n"), result
 
 
 def test_under_gvisor_threads_waiting_for_the_cpu_share_are_not_cpu_time() -> None:

@@ -245,13 +245,14 @@ def test_cell_records_from_the_child_are_bounded_and_typed() -> None:
 
 
 def test_a_cells_last_expression_is_its_display_value() -> None:
-    from retool_exec.backends.docker.agent.zygote import _run_cell
+    from retool_exec.backends.docker.agent.zygote import CodeHooks, _run_cell
 
     namespace: dict[str, object] = {}
-    assert _run_cell("x = 2\nx * 21", namespace, 0) == 42
-    assert _run_cell("y = x", namespace, 1) is None and namespace["y"] == 2
+    hooks = CodeHooks()
+    assert _run_cell("x = 2\nx * 21", namespace, 0, hooks) == 42
+    assert _run_cell("y = x", namespace, 1, hooks) is None and namespace["y"] == 2
     with pytest.raises(ZeroDivisionError):
-        _run_cell("1/0", namespace, 2)
+        _run_cell("1/0", namespace, 2, hooks)
 
 
 def test_the_network_setup_and_the_agents_settings_are_part_of_the_baseline() -> None:

@@ -236,12 +236,16 @@ class DockerBackend(Backend):
                     return self._container_oom(started, waited)
                 if isinstance(exc, TimeoutError) and progress.ended is not None:
                     return self._output_lost(progress.ended, started, waited)
+                if isinstance(exc, TimeoutError) and not await self._frozen(container):
+                    return self._silent_past_deadline(
+                        container, oom_before, request, started, waited
+                    )
                 if isinstance(exc, TimeoutError):
                     return self._failure(
                         started,
                         "the agent was silent past the deadline "
-                        f"({request.timeout + self.config.host_grace:.1f}s); "
-                        "the container was killed",
+                        f"({request.timeout + self.config.host_grace:.1f}s) in a container "
+                        "paused or stopped by someone else; the container was killed",
                         waited,
                     )
                 return self._failure(
@@ -496,6 +500,56 @@ class DockerBackend(Backend):
             timed_out=False,
             latency=time.perf_counter() - started,
             outcome=Outcome.OOM,
+            backend=self.name,
+            queue_wait=waited,
+            detail=detail,
+        )
+
+    async def _frozen(self, container: SandboxContainer) -> bool:
+        """Whether a container whose agent went silent is paused, or not running, by
+        Docker's word: frozen by someone else, not by its call (which can do neither)."""
+        return self._factory is None or await self._factory.paused(container.id)
+
+    def _silent_past_deadline(
+        self,
+        container: SandboxContainer,
+        oom_before: int | None,
+        request: RunRequest,
+        started: float,
+        waited: float,
+    ) -> ExecResult:
+        """The call's outcome when the agent said nothing by the host's deadline (the call's
+        time limit and ``host_grace``; the container, killed, is retired): ``oom`` if Docker
+        counted a kill for memory since the request, else ``timeout``, its output lost.
+
+        Why never ``sandbox_error``: a call can starve its own container's agent. Under
+        gVisor a fork bomb run to its time limit kept the sandbox's kernel busy past the
+        grace, and the call came back as the sandbox's failure, which trainers drop: a
+        call that chose its outcome (twenty-ninth red-team round). The host cannot tell
+        that from an agent that failed on its own during the call; what it does know is
+        that the call was given its whole time and did not end in it, in a container
+        nobody paused (``_frozen``). Only the OOM counter is read (``oom_killed`` waits for a
+        container that stops; this one still runs).
+        """
+        limit = request.timeout + self.config.host_grace
+        counted = self._factory.oom_count(container.id) if self._factory is not None else None
+        if oom_before is not None and counted is not None and counted > oom_before:
+            return self._container_oom(
+                started, waited, f"the container hit its memory limit; silent past {limit:.1f}s"
+            )
+        detail = (
+            f"the sandbox's agent was silent past the deadline ({limit:.1f}s), held up by the "
+            "call (or failing during it): the call's output is lost, the container was killed"
+        )
+        log.warning("%s", detail)
+        return ExecResult(
+            ok=False,
+            stdout="",
+            stderr="",
+            returncode=None,
+            timed_out=True,
+            latency=time.perf_counter() - started,
+            outcome=Outcome.TIMEOUT,
             backend=self.name,
             queue_wait=waited,
             detail=detail,

@@ -31,6 +31,7 @@ from retool_exec.backends.docker.agent import wire
 from retool_exec.backends.docker.bootstrap import agent_frame
 from retool_exec.backends.docker.client import retry_docker
 from retool_exec.backends.docker.hardening import container_spec, with_sandbox_uid
+from retool_exec.backends.docker.host_memory import HostMemory, find_host_memory
 from retool_exec.backends.docker.oom_events import OomEvents
 from retool_exec.backends.docker.protocol import AgentChannel, ProtocolError
 
@@ -202,6 +203,9 @@ class SandboxContainer:
     reclaimed: bool = False
     """Retired by the pool because the loop that took it was closed: what that call's
     coroutine does with it afterwards (give it back, retire it) is ignored."""
+    host_memory: HostMemory | None = None
+    """Under gVisor with reuse: the host's view of what its kernel holds (the pool retires
+    the container when a call left it grown past its tolerance: ``host_memory``)."""
 
 
 class ContainerFactory:
@@ -232,6 +236,7 @@ class ContainerFactory:
             config, image=image, labels=self.labels, send_agent=send_agent, image_path=image_path
         )
         self._threads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="retool-docker")
+        self._host_memory_unknown = False
         self.oom_events = OomEvents(client, f"{LABEL_POOL}={self.pool_id}")
         """The daemon's OOM events for this pool's containers; started by ``watch_oom``."""
 
@@ -345,7 +350,30 @@ class ContainerFactory:
             channel.close()
             await self.destroy_id(container_id, then=lambda: self._removed(container_id, uid))
             raise
-        return SandboxContainer(id=container_id, channel=channel, ready=ready, sandbox_uid=uid)
+        container = SandboxContainer(id=container_id, channel=channel, ready=ready, sandbox_uid=uid)
+        if is_gvisor(self.config.runtime) and self.config.policy == "reuse":
+            container.host_memory = await self._host_memory(container_id)
+        return container
+
+    async def _host_memory(self, container_id: str) -> HostMemory | None:
+        """Where the host reads what the container's gVisor kernel holds (``host_memory``),
+        its baseline taken now; None, said once, where the host cannot read it."""
+
+        def find() -> HostMemory | None:
+            pid = self.client.api.inspect_container(container_id).get("State", {}).get("Pid")
+            return find_host_memory(pid) if isinstance(pid, int) and pid > 0 else None
+
+        try:
+            found = await self._blocking(find)
+        except Exception:
+            found = None
+        if found is None and not self._host_memory_unknown:
+            self._host_memory_unknown = True
+            log.warning(
+                "cannot read gVisor containers' memory cgroups on this host: what a call "
+                "leaves in gVisor's own kernel is not checked between calls"
+            )
+        return found
 
     def _removed(self, container_id: str, uid: int | None) -> None:
         """What a removed container held: its OOM count, then its uid (released after the
@@ -494,6 +522,19 @@ class ContainerFactory:
             return await self._blocking(inspect)
         except Exception:
             return False
+
+    async def paused(self, container_id: str) -> bool:
+        """Whether Docker says the container is paused (frozen by someone else), or cannot
+        say what it is."""
+
+        def inspect() -> bool:
+            state = self.client.api.inspect_container(container_id).get("State", {})
+            return bool(state.get("Paused")) or not state.get("Running")
+
+        try:
+            return await self._blocking(inspect)
+        except Exception:
+            return True
 
     async def remove_pool_containers(self) -> None:
         """Remove every container labelled with this pool (the last word on leaks)."""

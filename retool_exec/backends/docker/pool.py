@@ -31,6 +31,7 @@ from typing import Any
 
 from retool_exec._handoff import Handoff, abandoned, collect_stalled
 from retool_exec.backends.docker.containers import ContainerFactory, SandboxContainer
+from retool_exec.backends.docker.host_memory import TOLERANCE as HOST_MEMORY_TOLERANCE
 from retool_exec.backends.docker.protocol import ProtocolError
 
 __all__ = ["PoolUnavailableError", "WarmPool"]
@@ -131,6 +132,8 @@ class WarmPool:
                     if container.channel.at_eof()
                     else "it sent a frame while idle",
                 )
+                clean = False
+            if clean and _holds_too_much(container):
                 clean = False
             if clean:
                 return container
@@ -312,6 +315,22 @@ async def _confirm_reset(container: SandboxContainer) -> bool | None:
     if not clean:
         log.warning("retiring container %s: %s", container.id[:12], reply.get("reason"))
     return clean
+
+
+def _holds_too_much(container: SandboxContainer) -> bool:
+    """Whether the host sees the container's gVisor kernel holding more than
+    ``HOST_MEMORY_TOLERANCE`` above its ready baseline (``host_memory``: a call left it
+    there, and the reset inside cannot see it)."""
+    watched = container.host_memory
+    grown = watched.grown() if watched is not None else None
+    if grown is None or grown <= HOST_MEMORY_TOLERANCE:
+        return False
+    log.warning(
+        "retiring container %s: gVisor's kernel holds %d MiB more than when it was ready",
+        container.id[:12],
+        grown >> 20,
+    )
+    return True
 
 
 def _reset_answered(container: SandboxContainer) -> bool:

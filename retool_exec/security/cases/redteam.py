@@ -665,6 +665,42 @@ def _local_mqueue() -> Expect:
 
 # -- 5. agent starvation -------------------------------------------------------------
 
+_CHANGED_INTERPRETER = code("""
+    import builtins, sys
+    def trace(frame, event, arg):
+        if event == "call":
+            print("traced", frame.f_code.co_name)
+            raise RuntimeError("a tracer that fails")
+    print("ANSWER 42")
+    builtins.vars = builtins.isinstance = None
+    sys.settrace(trace)
+""")
+"""Prints its answer, then leaves a tracer that prints and raises, and two builtins broken."""
+
+_FILL_SOCKET_BUFFERS = code("""
+    import socket
+    kept = []
+    for _ in range(20):  # ~170 MiB held by gVisor's kernel, of the audit's 256
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        for end in (a, b):
+            end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
+            end.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+        b.setblocking(False)
+        try:
+            for _ in range(400):
+                b.send(b"x" * 60000)
+        except OSError:
+            pass
+        kept.append((a, b))
+    report(pairs=len(kept))
+""")
+_NEED_128_MIB = code("""
+    block = bytearray(128 << 20)
+    for index in range(0, len(block), 4096):
+        block[index] = 1
+    report(allocated=True)
+""")
+
 _STARVE = CONTAINER_TOOLS + code("""
     import mmap, threading
     limit, used = memory_limit()
@@ -917,6 +953,48 @@ CASES: tuple[Case, ...] = (
         reference="mq_overview(7): the mqueue filesystem creates queues on open(); "
         "RLIMIT_MSGQUEUE bytes are counted per uid across the host; " + RED_TEAM,
         local=_local_mqueue,
+    ),
+    Case(
+        id="out-end-in-a-changed-interpreter",
+        klass=CaseClass.OUTPUT,
+        title="an answer printed before the code left a tracer on and a builtin replaced is "
+        "the call's result, a success, as python3's",
+        code=_CHANGED_INTERPRETER,
+        contained=lambda obs: (
+            (obs.result.outcome, obs.result.stdout) == (Outcome.SUCCESS, "ANSWER 42\n")
+        ),
+        severity=Severity.MEDIUM,
+        reference="retool_exec red-team round of 2026-12-06 (twenty-ninth): the end of a call "
+        "is the agent's Python, run in the interpreter the code changed; a tracer saw its "
+        "functions and, raising, or a builtin set to None, ended the call with status 70 "
+        "and without its answer",
+        raw=True,
+        local=Expect.CONTAINED,
+        note="The agent's end binds its builtins and functions when it is imported, and turns "
+        "the code's trace and profile functions off but where python3 has them on "
+        "(zygote.CodeHooks).",
+    ),
+    Case(
+        id="res-gvisor-kernel-memory-kept",
+        klass=CaseClass.RESOURCES,
+        title="socket buffers a call filled and left do not hold the next call's memory",
+        code=_FILL_SOCKET_BUFFERS,
+        follow_up=_NEED_128_MIB,
+        contained=lambda obs: (
+            obs.follow is not None
+            and obs.follow.outcome is Outcome.SUCCESS
+            and obs.follow_facts().get("allocated") is True
+        ),
+        severity=Severity.MEDIUM,
+        reference="retool_exec red-team round of 2026-12-06 (twenty-ninth): gVisor's kernel "
+        "keeps the memory of a call's socket buffers after the call; the reset, reading the "
+        "sandbox's own /proc/meminfo, called the container clean, and the next call that "
+        "needed 300 MiB of 1 GiB was killed as oom (here: 128 MiB of the audit's 256)",
+        timeout=20.0,
+        exclusive=True,
+        local=Expect.CONTAINED,
+        note="Under gVisor the host reads the container's memory cgroup and retires a reused "
+        "container its call left grown (backends/docker/host_memory.py).",
     ),
     Case(
         id="res-agent-starvation",

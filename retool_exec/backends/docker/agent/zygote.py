@@ -28,11 +28,13 @@ import array
 import atexit
 import builtins
 import errno
+import functools
 import gc
 import io
 import itertools
 import json
 import locale
+import operator
 import os
 import resource
 import select
@@ -50,6 +52,25 @@ from typing import Any
 
 from . import forking, generators, identity, reset, trees, wire
 from .auto_print import compile_auto_printed, stdlib_ast
+
+# A call's process runs the agent's Python again after the code (its end; between cells),
+# in the interpreter the code has changed. So what the agent calls there is bound now,
+# as the zygote is imported, not looked up then: the builtins (a copy of their module's
+# dict, the builtins of every function defined below) and the functions of modules the
+# end needs whatever the code did to them (python3's end is C, and the code's changes do
+# not reach it). Why: ``builtins.vars = None`` or ``builtins.isinstance = None`` ended a
+# call that had printed its answer with status 70 and no output (twenty-ninth red-team
+# round). What python3's end does read at its end (``sys.stdout``, ``sys.excepthook``,
+# ``threading._shutdown``, ...) is read then, from the ``sys`` module's own dict.
+globals()["__builtins__"] = dict(vars(builtins))
+_exit_now, _kill, _own_pid = os._exit, os.kill, os.getpid
+_set_signal_handler = _signal.signal
+_collect, _weak_ref, _islice = gc.collect, weakref.ref, itertools.islice
+_ModuleType, _FunctionType = types.ModuleType, types.FunctionType
+_MappingProxyType, _GetSetDescriptorType = types.MappingProxyType, types.GetSetDescriptorType
+_default_excepthook, _default_unraisablehook = sys.__excepthook__, sys.__unraisablehook__
+_audit, _run_exitfuncs = sys.audit, atexit._run_exitfuncs
+_active_count = threading.active_count
 
 EVENTS_FD, REQUEST_FD, STARTED_FD = 3, 4, 5
 FORKED_BYTE = b"F"
@@ -465,7 +486,7 @@ def child_main(events_w: int, request_r: int, out_w: int, err_w: int, started_w:
     finally:
         if status == ENDED_BY_INTERRUPT:
             _exit_by_sigint()
-        os._exit(status)
+        _exit_now(status)
 
 
 ENDED_BY_INTERRUPT = -SIGINT_NUMBER
@@ -480,11 +501,11 @@ def _exit_by_sigint() -> None:
     Why: the code's process exited 1, where python3 (and the seed's subprocess) report
     -2 (twenty-third outside check)."""
     try:
-        _signal.signal(SIGINT_NUMBER, _signal.SIG_DFL)
-        os.kill(os.getpid(), SIGINT_NUMBER)
+        _set_signal_handler(SIGINT_NUMBER, _signal.SIG_DFL)
+        _kill(_own_pid(), SIGINT_NUMBER)
     except BaseException:
         pass
-    os._exit(128 + SIGINT_NUMBER)
+    _exit_now(128 + SIGINT_NUMBER)
 
 
 WARM_UP_SOURCE = """\
@@ -549,7 +570,7 @@ def warm_up() -> None:
         try:
             exec(compile(WARM_UP_SOURCE, "<warm-up>", "exec", dont_inherit=True), namespace)
         except BaseException as exc:
-            _print_exception(exc)
+            _print_exception(exc, set_sys_last_vars=False)  # (a call finds no sys.last_value)
         _flush_files_held_by(namespace)
         _finish(0)
     except BaseException:
@@ -873,40 +894,99 @@ def run_user_code(source: str, script: str | None = None, *, auto_print: bool = 
     if path is not None:
         namespace["__file__"] = path
     status = 0
+    trace = profile = None
     try:
         if auto_print:
             code = compile_auto_printed(source, "<sandbox>")
         else:
             code = compile(source, "<sandbox>", "exec", dont_inherit=True)
-        exec(code, namespace)
+        try:
+            exec(code, namespace)
+        finally:  # the first thing after the code: its hooks off (see ``CodeHooks``)
+            trace, profile = _get_trace(), _get_profile()
+            _set_profile(None)
+            _set_trace(None)
     except SystemExit as exc:
         status = exit_status(exc)
     except BaseException as exc:
-        hook_status = _print_exception(exc)
+        hook_status = _print_exception(exc, CodeHooks(trace, profile))
         if hook_status is not None:
             status = hook_status
         else:  # the exact class, as CPython (``run_eval_code_obj``) checks it
             status = ENDED_BY_INTERRUPT if type(exc) is KeyboardInterrupt else 1
     del namespace  # ``__main__`` alone holds it now, as in python3 at its end
-    return _finish(status, before)
+    return _finish(status, before, CodeHooks(trace, profile))
 
 
-def _print_exception(exc: BaseException) -> int | None:
-    """Print ``exc`` as python3 does with an exception nothing caught; None, or the
-    status an ``excepthook`` that raised ``SystemExit`` chose (python3 exits with it at
-    once: an uncaught exception is status 1 or, a ``KeyboardInterrupt``, SIGINT)."""
+_partial = functools.partial
+_get_trace, _set_trace = _partial(sys.gettrace), _partial(sys.settrace)
+_get_profile, _set_profile = _partial(sys.getprofile), _partial(sys.setprofile)
+
+
+class CodeHooks:
+    """The trace and profile functions the code left set (``sys.settrace``,
+    ``sys.setprofile``): taken off as its code ends, and set again only around what python3
+    runs of the code's with them still on (the at-exit functions, an excepthook; a
+    session's or notebook's next cell).
+
+    Why: the end is the agent's Python; a tracer left on saw ~40 of its functions (their
+    names in the call's stdout), and one that raised once the agent had closed its
+    streams ended the call with status 70 (twenty-ninth red-team round). How: the hooks
+    are read and set inline, never from a function of the agent's entered while they are
+    on (the tracer would see its frame), and through ``functools.partial`` objects: a
+    profiler is told of each built-in function called (``c_call``), not of a partial
+    object, and python3's profiler sees nothing of its end but the code's own.
+    """
+
+    def __init__(self, trace: Any = None, profile: Any = None) -> None:
+        self.trace = trace
+        self.profile = profile
+
+    def call(self, function: Callable[..., Any], *args: Any) -> Any:
+        """``function(*args)`` (the code's, or what runs the code's) with the hooks on, and
+        then off again, whatever it raised (kept as it left them)."""
+        _set_trace(self.trace)
+        _set_profile(self.profile)
+        try:
+            return _partial(function, *args)()
+        finally:
+            self.trace, self.profile = _get_trace(), _get_profile()
+            _set_profile(None)
+            _set_trace(None)
+
+
+def _print_exception(
+    exc: BaseException, hooks: CodeHooks | None = None, *, set_sys_last_vars: bool = True
+) -> int | None:
+    """Print ``exc`` as python3 does with an exception nothing caught (CPython's
+    ``_PyErr_PrintEx``): ``sys.last_type``, ``last_value`` and ``last_traceback`` set (an
+    at-exit function reads them), the ``sys.excepthook`` audit event, then the hook, with
+    the code's trace and profile functions on. None, or the status an ``excepthook`` that
+    raised ``SystemExit`` chose (python3 exits with it at once: an uncaught exception is
+    status 1 or, a ``KeyboardInterrupt``, SIGINT)."""
+    hooks = hooks or CodeHooks()
     try:
         tb = exc.__traceback__
         # Drop the driver's frames, so tracebacks start at "<sandbox>" (or "<cell N>").
         while tb is not None and not tb.tb_frame.f_code.co_filename.startswith("<"):
             tb = tb.tb_next
         exc.__traceback__ = tb  # excepthook prints the exception's own traceback
-        if getattr(sys, "excepthook", None) is None:  # the code deleted it: as python3
-            sys.stderr.write("sys.excepthook is missing\n")
-            sys.__excepthook__(type(exc), exc, tb)
+        names = vars(sys)
+        if set_sys_last_vars:
+            names["last_type"], names["last_value"], names["last_traceback"] = type(exc), exc, tb
+        hook = names.get("excepthook")
+        try:
+            hooks.call(_audit, "sys.excepthook", hook, type(exc), exc, tb)
+        except RuntimeError:
+            return None  # an audit hook refused it: python3 prints nothing
+        except BaseException as audit_error:
+            _report_unraisable(audit_error, None, "Exception ignored in audit hook")
+        if hook is None:  # the code deleted it: as python3
+            _write_stderr("sys.excepthook is missing\n")
+            _default_excepthook(type(exc), exc, tb)
             return None
-        with _one_write(sys.stderr):
-            sys.excepthook(type(exc), exc, tb)
+        with _one_write(vars(sys).get("stderr"), hook):
+            hooks.call(hook, type(exc), exc, tb)
     except SystemExit as hook_exit:  # python3 exits with it, silently (handle_system_exit)
         return exit_status(hook_exit)
     except BaseException as hook_error:
@@ -923,10 +1003,33 @@ def _print_hook_failure(hook_error: BaseException, exc: BaseException) -> None:
         hook_error.__traceback__ = _without_agent_frames(hook_error.__traceback__)
         if hook_error.__context__ is exc:  # raised while ``exc`` was handled: by the agent
             hook_error.__context__ = None
-        sys.stderr.write("Error in sys.excepthook:\n")
-        sys.__excepthook__(type(hook_error), hook_error, hook_error.__traceback__)
-        sys.stderr.write("\nOriginal exception was:\n")
-        sys.__excepthook__(type(exc), exc, exc.__traceback__)
+        _write_stderr("Error in sys.excepthook:\n")
+        _default_excepthook(type(hook_error), hook_error, hook_error.__traceback__)
+        _write_stderr("\nOriginal exception was:\n")
+        _default_excepthook(type(exc), exc, exc.__traceback__)
+    except BaseException:
+        pass
+
+
+def _write_stderr(text: str) -> None:
+    """CPython's ``PySys_WriteStderr``: to ``sys.stderr``'s ``write`` if it has one that
+    works, else to descriptor 2. Never raises."""
+    try:
+        stderr = vars(sys).get("stderr")
+        if stderr is None:
+            raise AttributeError("no sys.stderr")
+        stderr.write(text)
+    except BaseException:
+        _write_descriptor(2, text)
+
+
+def _write_descriptor(fd: int, text: str) -> None:
+    """``text`` to ``fd`` as CPython writes to its C ``stderr`` (UTF-8, backslash escapes
+    for what does not encode). Never raises."""
+    try:
+        data = text.encode("utf-8", "backslashreplace")
+        while data:
+            data = data[os.write(fd, data) :]
     except BaseException:
         pass
 
@@ -941,10 +1044,10 @@ class _one_write:
     print slowly, and must be seen line by line as ``python3`` would show it.
     """
 
-    def __init__(self, stream: object) -> None:
+    def __init__(self, stream: object, hook: object) -> None:
         self.stream: io.TextIOWrapper | None = None
-        default_hook = sys.excepthook is sys.__excepthook__
-        if type(stream) is io.TextIOWrapper and stream.line_buffering and default_hook:
+        default_hook = hook is _default_excepthook
+        if type(stream) is _io.TextIOWrapper and stream.line_buffering and default_hook:
             self.stream = stream  # ours: the exact class, not a subclass of the call's
 
     def __enter__(self) -> None:
@@ -956,7 +1059,9 @@ class _one_write:
             self.stream.reconfigure(line_buffering=True)  # which flushes
 
 
-def _finish(status: int, before: ModulesAtStart | None = None) -> int:
+def _finish(
+    status: int, before: ModulesAtStart | None = None, hooks: CodeHooks | None = None
+) -> int:
     """End as ``python3`` does (``Py_FinalizeEx``): join the threads, run the at-exit
     functions, flush, set the std streams back, finalize the modules of the call, flush
     what is left.
@@ -966,20 +1071,22 @@ def _finish(status: int, before: ModulesAtStart | None = None) -> int:
     ``__del__`` and a generator's ``finally`` never ran, where python3 and the local
     backend ran them (twentieth red-team round). ``before``: the modules there before
     the code ran (the agent's, the zygote's); None (``warm_up``'s rehearsal): no at-exit
-    functions, which run once, and no module of the agent's is finalized.
+    functions, which run once, and no module of the agent's is finalized. ``hooks``: the
+    code's trace and profile functions, on where python3 has them on (``CodeHooks``).
     """
+    hooks = hooks or CodeHooks()
     flushed: bool | None = None
     try:
         with _unraisable_without_agent_frames():
             if before is not None:
-                _end_threads()
-                _quietly(atexit._run_exitfuncs)
+                _end_threads(before.modules)
+                _quietly(hooks.call, _run_exitfuncs)
             flushed = _flush()
             if before is not None:
                 _quietly(_restore_std_streams)
                 _quietly(_finalize_modules, before)
             else:
-                _quietly(gc.collect)
+                _quietly(_collect)
     except BaseException:
         pass  # (a signal handler of the code's, raising here: the status stands)
     finally:
@@ -1008,21 +1115,36 @@ def _quietly(step: Callable[..., object], *args: Any) -> None:
         pass
 
 
-def _end_threads() -> None:
-    """As python3's ``threading._shutdown``: the threading module's at-exit calls first,
-    then every thread but the daemons joined.
+def _end_threads(modules: dict[str, Any]) -> None:
+    """CPython's ``wait_for_thread_shutdown``: the ``_shutdown`` of the ``threading``
+    module in the interpreter's modules (if there is one), and what it raises reported
+    as python3 reports it.
 
-    Why the calls: ``concurrent.futures`` wakes the workers of an executor the code left
-    open with one; joining them without it kept the call to its time limit, where python3
-    exits at once (the review of the twenty-second round). Not ``_shutdown`` itself: it
-    expects the main thread's state of a process ``os.fork`` made, and a call's process
-    is a copy made by ``forking``."""
-    threading._SHUTTING_DOWN = True  # type: ignore[attr-defined]  # no new ones now
-    for call in reversed(list(threading._threading_atexits)):  # type: ignore[attr-defined]
-        _quietly(call)
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            _quietly(thread.join)
+    Why its own ``_shutdown``: it runs the threading module's at-exit calls (an executor
+    left open wakes its workers with one: the review of the twenty-second round) and
+    then waits on the interpreter's lock of every thread that is not a daemon, until
+    none is left. The agent's own join of the threads alive as the end began missed one
+    that another thread started later (its output lost), and called a ``join`` the code
+    had overridden: a worker that such a ``join`` stopped made a success of a call
+    python3 never ends (twenty-ninth red-team round). ``_shutdown`` finds the main
+    thread of a call's process as in a process ``os.fork`` made: ``forking`` copies the
+    zygote's one thread, whose ident it keeps.
+
+    Not with the code's trace and profile functions on: python3 has them see
+    ``_shutdown`` only where the code imported ``threading``, and here the agent has
+    imported it for every call (a tracer that printed would have printed its frames
+    after every answer)."""
+    module = modules.get("threading", _MISSING)
+    if module is _MISSING:
+        return  # never imported: python3 has nothing to wait for
+    try:
+        _call_shutdown(module)
+    except BaseException as exc:
+        _report_unraisable(exc, module)
+
+
+_MISSING = object()
+_call_shutdown = operator.methodcaller("_shutdown")
 
 
 class ModulesAtStart:
@@ -1088,19 +1210,19 @@ def _finalize_modules(before: ModulesAtStart) -> None:
     alone leaves what a module kept alive unfinalized (a text file an imported module
     left open lost its buffered text); the twenty-second red-team round's comparison."""
     added = before.added()
-    modules = [m for _name, m in added if issubclass(type(m), types.ModuleType)]
+    modules = [m for _name, m in added if issubclass(type(m), _ModuleType)]
     _flush_modules(modules, frozenset(name for name, _value in added))
-    alive = [weakref.ref(module) for module in modules]
+    alive = [_weak_ref(module) for module in modules]
     names = [name for name, _value in added]  # (no loop here holds a value past its end)
     del added[:], modules[:]  # only the weak references are left: the collection below
     for name in names:
         before.modules[name] = None  # type: ignore[assignment]
-    gc.collect()  # the zygote's own objects are frozen, not visited
-    if threading.active_count() > 1:
+    _collect()  # the zygote's own objects are frozen, not visited
+    if _active_count() > 1:
         return  # a daemon thread runs on (python3 stops them): no globals taken from it
     for ref in reversed(alive):
         _clear_namespace_of(ref)
-    gc.collect()
+    _collect()
 
 
 def _flush_modules(modules: list[Any], owners: frozenset[str]) -> None:
@@ -1185,22 +1307,22 @@ def _flush_files_held_by(
                         if not value.closed:
                             value.flush()
                     elif cls in CONTAINER_TYPES:
-                        below.extend(itertools.islice(value, room))
+                        below.extend(_islice(value, room))
                     elif cls is dict:
-                        below.extend(itertools.islice(dict.values(value), room))
-                    elif cls is types.FunctionType:
+                        below.extend(_islice(dict.values(value), room))
+                    elif cls is _FunctionType:
                         if _owned(value.__module__, owners):
                             cells = (value.__closure__ or ())[:room]
                             below.extend(cell.cell_contents for cell in cells)
                             attributes = object.__getattribute__(value, "__dict__")
-                            below.extend(itertools.islice(dict.values(attributes), room))
+                            below.extend(_islice(dict.values(attributes), room))
                     elif issubclass(cls, type):
                         if _owned(_TYPE_MODULE.__get__(value), owners):
-                            values = types.MappingProxyType.values(_class_dict(value))
-                            below.extend(itertools.islice(values, room))
+                            values = _MappingProxyType.values(_class_dict(value))
+                            below.extend(_islice(values, room))
                     elif _plain_dict_of(cls):
                         attributes = object.__getattribute__(value, "__dict__")
-                        below.extend(itertools.islice(dict.values(attributes), room))
+                        below.extend(_islice(dict.values(attributes), room))
                 except BaseException:
                     pass  # the code's objects: their own failures (an empty cell)
             level = below
@@ -1227,12 +1349,12 @@ def _class_dict(cls: type) -> types.MappingProxyType[str, Any]:
 def _plain_dict_of(cls: type) -> bool:
     """Whether instances of ``cls`` keep their attributes in a plain dict (its ``__dict__``
     is the interpreter's own descriptor, not a property of the code's)."""
-    if cls is type or issubclass(cls, (type, types.ModuleType)):
+    if cls is type or issubclass(cls, (type, _ModuleType)):
         return False
     for klass in cls.__mro__:
         descriptor = klass.__dict__.get("__dict__")
         if descriptor is not None:
-            return type(descriptor) is types.GetSetDescriptorType
+            return type(descriptor) is _GetSetDescriptorType
     return False
 
 
@@ -1292,12 +1414,12 @@ class _unraisable_without_agent_frames:
                 unraisable.object,
             )
         )
-        hook = self.previous if self.previous is not None else sys.__unraisablehook__
+        hook = self.previous if self.previous is not None else _default_unraisablehook
         try:
             hook(trimmed)
         except BaseException as failure:  # as CPython reports a hook that failed, but
             # without this wrapper (its frame, its repr: the agent's path) in the report
-            sys.__unraisablehook__(
+            _default_unraisablehook(
                 type(unraisable)(
                     (
                         type(failure),
@@ -1388,17 +1510,18 @@ def _restore_std_streams() -> None:
         names[name] = names.get(f"__{name}__")
 
 
-def _report_unraisable(exc: BaseException, stream: object) -> None:
-    """Report ``exc``, raised by ``stream``'s flush, to ``sys.unraisablehook``, as
-    CPython's ``PyErr_WriteUnraisable(stream)`` does. Never raises."""
+def _report_unraisable(exc: BaseException, owner: object, message: str | None = None) -> None:
+    """Report ``exc``, raised by ``owner`` (a stream's flush, the threading module's
+    shutdown), to ``sys.unraisablehook``, as CPython's ``PyErr_WriteUnraisable(owner)``
+    (or, with a ``message``, ``_PyErr_WriteUnraisableMsg``) does. Never raises."""
     kind = Setup.unraisable_args
     if kind is None:
         return
     try:
         exc.__traceback__ = _without_agent_frames(exc.__traceback__)  # as python3's: none
-        report = kind((type(exc), exc, exc.__traceback__, None, stream))
+        report = kind((type(exc), exc, exc.__traceback__, message, owner))
         hook = vars(sys).get("unraisablehook")
-        (sys.__unraisablehook__ if hook is None else hook)(report)
+        (_default_unraisablehook if hook is None else hook)(report)
     except BaseException:
         pass
 
@@ -1433,17 +1556,17 @@ def run_cells(request_sock: socket.socket, count: int) -> int:
     # The call's own pipes: between cells and after the last, what the interpreter writes
     # is the call's stdout and stderr (the server's ``driver``), as on the local backend.
     driver = (os.dup(1), os.dup(2))
+    hooks = CodeHooks()
     for index in range(count):
         try:
             cell = _receive(request_sock, fds_wanted=2)
         except (EOFError, ValueError):
             return 0
         token = str(cell.get("token", ""))
-        _one_cell(
-            str(cell.get("code", "")), namespace, index, token, print_error=False, after=driver
-        )
+        code = str(cell.get("code", ""))
+        _one_cell(code, namespace, index, token, hooks, print_error=False, after=driver)
     del namespace  # ``__main__`` alone holds it now, as in python3 at its end
-    return _finish(0, before)
+    return _finish(0, before, hooks)
 
 
 def run_session(request_sock: socket.socket) -> int:
@@ -1457,6 +1580,7 @@ def run_session(request_sock: socket.socket) -> int:
     serves those.
     """
     namespace = _fresh_main()
+    hooks = CodeHooks()
     index = 0
     while True:
         try:
@@ -1466,7 +1590,8 @@ def run_session(request_sock: socket.socket) -> int:
         kind = message.get("type")
         if kind == "cell" and len(fds) == 2:
             _install_output(fds)
-            _one_cell(str(message.get("code", "")), namespace, index, str(message.get("token", "")))
+            code, token = str(message.get("code", "")), str(message.get("token", ""))
+            _one_cell(code, namespace, index, token, hooks)
             index += 1
         elif kind == "fork" and len(fds) == 2:
             if _fork_session(*fds):
@@ -1579,6 +1704,7 @@ def _one_cell(
     namespace: dict[str, Any],
     index: int,
     token: str,
+    hooks: CodeHooks,
     *,
     print_error: bool = True,
     after: tuple[int, int] | None = None,
@@ -1590,14 +1716,15 @@ def _one_cell(
     on; only the process ending (``os._exit``, a signal) ends it. A session's cell
     also prints its exception to stderr (its result's stderr ends with the traceback,
     as a call's does); a notebook's cell does not: there, as in Jupyter, the
-    traceback is the cell's error, not its stderr.
+    traceback is the cell's error, not its stderr. ``hooks``: the trace and profile
+    functions the session's cells left, on while a cell's code runs (``CodeHooks``).
     """
     _std_streams()
     display, error = [], []
     try:
         Interrupts.in_cell()
         try:
-            value = _run_cell(source, namespace, index)
+            value = _run_cell(source, namespace, index, hooks)
             if value is not None:
                 display.append({"text/plain": _safe_repr(value)})
         finally:
@@ -1605,7 +1732,7 @@ def _one_cell(
     except BaseException as exc:
         error.append(_error_record(exc))
         if print_error:
-            _print_exception(exc)
+            _print_exception(exc, hooks)
     _flush_quietly()  # (python3 fidelity is the call's end's: a cell's end is IPython's)
     # This cell's pipes end here; stray writers (threads, children) hit ``after`` or
     # /dev/null, never a descriptor number reused by something else.
@@ -1626,19 +1753,18 @@ def _one_cell(
     )
 
 
-def _run_cell(source: str, namespace: dict[str, Any], index: int) -> Any:
+def _run_cell(source: str, namespace: dict[str, Any], index: int, hooks: CodeHooks) -> Any:
     ast = stdlib_ast()  # never an ast.py of the session's working directory
 
     tree = ast.parse(source, f"<cell {index + 1}>", "exec")
     last = tree.body[-1] if tree.body else None
     if isinstance(last, ast.Expr):
         body = ast.Module(body=tree.body[:-1], type_ignores=[])
-        exec(compile(body, f"<cell {index + 1}>", "exec", dont_inherit=True), namespace)
+        hooks.call(exec, compile(body, f"<cell {index + 1}>", "exec", dont_inherit=True), namespace)
         expression = ast.Expression(body=last.value)
-        return eval(
-            compile(expression, f"<cell {index + 1}>", "eval", dont_inherit=True), namespace
-        )
-    exec(compile(tree, f"<cell {index + 1}>", "exec", dont_inherit=True), namespace)
+        compiled = compile(expression, f"<cell {index + 1}>", "eval", dont_inherit=True)
+        return hooks.call(eval, compiled, namespace)
+    hooks.call(exec, compile(tree, f"<cell {index + 1}>", "exec", dont_inherit=True), namespace)
     return None
 
 
@@ -1694,8 +1820,25 @@ def exit_status(exc: SystemExit) -> int:
         value = int.__index__(code)  # the int's own value: no method of a subclass is asked
         low, high = LONG_RANGE
         return value & 0xFF if low <= value < high else 255
+    _print_exit_message(code)
+    return 1
+
+
+def _print_exit_message(code: object) -> None:
+    """What ``_Py_HandleSystemExit`` prints for a ``code`` that is not an int: ``str(code)``
+    to ``sys.stderr``'s ``write`` or, with no ``sys.stderr``, to descriptor 2, and then a
+    newline (``PySys_WriteStderr``), whatever the first did.
+
+    Why not ``print``: ``print(file=None)`` writes to ``sys.stdout``, and a call that set
+    ``sys.stderr = None`` before ``sys.exit("ANSWER")`` had its message read as its
+    answer; a ``print`` the code replaced got the message (twenty-ninth red-team round)."""
     try:
-        print(code, file=sys.stderr)
+        stderr = vars(sys).get("stderr")
+        if stderr is None:
+            _write_descriptor(2, str(code))
+        else:
+            write = stderr.write
+            write(str(code))
     except BaseException:
         pass
-    return 1
+    _write_stderr("\n")
