@@ -720,6 +720,21 @@ class TestBackendContract:
     @pytest.mark.parametrize(
         ("code", "returncode", "stdout", "stderr"),
         [
+            (
+                "import sys\n"
+                "def h(e, a):\n"
+                "    if e in ('sys.settrace', 'sys.setprofile'): raise RuntimeError('no')\n"
+                "sys.addaudithook(h)\n"
+                "raise ValueError('v')",
+                1, "", 'Traceback (most recent call last):\n  File "<sandbox>", line 5, in '
+                "<module>\nValueError: v\n",
+            ),
+            (
+                "import sys\n"
+                "sys.addaudithook(lambda e, a: e.startswith('sys.set') and print(e))\n"
+                "print('ok')",
+                0, "ok\n", "",
+            ),
             (TRACER.format(write="print('T', f.f_code.co_name)") + "print('x')", 0, "x\n", ""),
             (
                 "import atexit\natexit.register(lambda: print('at exit'))\n"
@@ -792,6 +807,7 @@ class TestBackendContract:
             ),
         ],
         ids=[
+            "audit-hook-refuses-tracing", "audit-hook-sees-no-tracing",
             "tracer-left-on", "tracer-sees-an-at-exit-function", "profiler-left-on",
             "tracer-raises", "vars-replaced", "getattr-replaced", "isinstance-replaced",
             "print-replaced", "exit-message-without-stderr", "exit-message-unprintable",

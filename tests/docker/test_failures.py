@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import threading
 import time
 import warnings
@@ -586,6 +588,29 @@ def test_under_gvisor_fork_bombs_run_to_their_limit_are_their_own_timeouts() -> 
         results = asyncio.run(four(sandbox))
         assert {result.outcome for result in results} <= {Outcome.TIMEOUT, Outcome.OOM}, results
         assert sandbox.run_code("print(6 * 7)").stdout == "42\n"
+
+
+def test_an_agent_stopped_from_outside_before_the_code_ran_is_the_sandboxs_failure() -> None:
+    """The other side of the fork bombs' test: an agent that cannot answer while no code
+    of the call runs (here stopped from the host; a wedged daemon or agent alike) leaves
+    its container idle, and the call is ``sandbox_error``, not a timeout charged to code
+    that never ran (the review of the twenty-ninth round)."""
+    require_docker()
+    config = DockerConfig(policy="reuse", pool_size=1, timeout=1, host_grace=2.0, labels=LABELS)
+    client = docker.from_env()
+    with Sandbox(config, max_workers=1) as sandbox:
+        assert sandbox.run_code("print('warm')").stdout == "warm\n"
+        [container_id] = pool_containers(sandbox)
+        pid = client.api.inspect_container(container_id)["State"]["Pid"]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            result = sandbox.run_code("print('never runs')")
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+            client.close()
+    assert result.outcome is Outcome.SANDBOX_ERROR, result
+    assert "its container idle" in (result.detail or ""), result
 
 
 def test_under_gvisor_what_a_call_left_in_the_sandboxs_kernel_is_not_the_next_calls() -> None:

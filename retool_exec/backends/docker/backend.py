@@ -213,6 +213,7 @@ class DockerBackend(Backend):
                 # agent (frozen, or wedged) is still running, so there is nothing to ask.
                 # Asked even without a "started" frame: the agent sends that frame only
                 # once a call has run 50 ms, and only code can outgrow the container.
+                past = isinstance(exc, TimeoutError) and time.monotonic() >= progress.deadline
                 try:
                     oom = (
                         isinstance(exc, ProtocolError)
@@ -220,6 +221,12 @@ class DockerBackend(Backend):
                         and await self._factory.oom_killed(
                             container.id, oom_before, known=container.oom_kills > 0
                         )
+                    )
+                    held_up = (  # asked before the container is retired (and killed)
+                        past
+                        and progress.ended is None
+                        and self._factory is not None
+                        and await self._factory.held_up_by_its_call(container.id)
                     )
                 finally:
                     pool.retire(container)
@@ -236,7 +243,7 @@ class DockerBackend(Backend):
                     return self._container_oom(started, waited)
                 if isinstance(exc, TimeoutError) and progress.ended is not None:
                     return self._output_lost(progress.ended, started, waited)
-                if isinstance(exc, TimeoutError) and not await self._frozen(container):
+                if held_up:
                     return self._silent_past_deadline(
                         container, oom_before, request, started, waited
                     )
@@ -244,8 +251,8 @@ class DockerBackend(Backend):
                     return self._failure(
                         started,
                         "the agent was silent past the deadline "
-                        f"({request.timeout + self.config.host_grace:.1f}s) in a container "
-                        "paused or stopped by someone else; the container was killed",
+                        f"({request.timeout + self.config.host_grace:.1f}s), its container "
+                        "idle, paused or stopped; the container was killed",
                         waited,
                     )
                 return self._failure(
@@ -505,11 +512,6 @@ class DockerBackend(Backend):
             detail=detail,
         )
 
-    async def _frozen(self, container: SandboxContainer) -> bool:
-        """Whether a container whose agent went silent is paused, or not running, by
-        Docker's word: frozen by someone else, not by its call (which can do neither)."""
-        return self._factory is None or await self._factory.paused(container.id)
-
     def _silent_past_deadline(
         self,
         container: SandboxContainer,
@@ -527,9 +529,11 @@ class DockerBackend(Backend):
         grace, and the call came back as the sandbox's failure, which trainers drop: a
         call that chose its outcome (twenty-ninth red-team round). The host cannot tell
         that from an agent that failed on its own during the call; what it does know is
-        that the call was given its whole time and did not end in it, in a container
-        nobody paused (``_frozen``). Only the OOM counter is read (``oom_killed`` waits for a
-        container that stops; this one still runs).
+        that the call was given its whole time and did not end in it, in a container that
+        nobody paused and that was still busy (``held_up_by_its_call``: an agent stopped or
+        wedged while no code of the call runs leaves it idle, and reads as the sandbox's
+        failure). Only the OOM counter is read (``oom_killed`` waits for a container that
+        stops; this one still runs).
         """
         limit = request.timeout + self.config.host_grace
         counted = self._factory.oom_count(container.id) if self._factory is not None else None

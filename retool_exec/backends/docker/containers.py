@@ -31,7 +31,7 @@ from retool_exec.backends.docker.agent import wire
 from retool_exec.backends.docker.bootstrap import agent_frame
 from retool_exec.backends.docker.client import retry_docker
 from retool_exec.backends.docker.hardening import container_spec, with_sandbox_uid
-from retool_exec.backends.docker.host_memory import HostMemory, find_host_memory
+from retool_exec.backends.docker.host_cgroup import HostMemory, busy, find_host_memory
 from retool_exec.backends.docker.oom_events import OomEvents
 from retool_exec.backends.docker.protocol import AgentChannel, ProtocolError
 
@@ -205,7 +205,7 @@ class SandboxContainer:
     coroutine does with it afterwards (give it back, retire it) is ignored."""
     host_memory: HostMemory | None = None
     """Under gVisor with reuse: the host's view of what its kernel holds (the pool retires
-    the container when a call left it grown past its tolerance: ``host_memory``)."""
+    the container when a call left it grown past its tolerance: ``host_cgroup``)."""
 
 
 class ContainerFactory:
@@ -334,6 +334,9 @@ class ContainerFactory:
                 raise ProtocolError(
                     f"the agent runs calls as {ready.get('sandbox_uid')}, not {uid}"
                 )
+            watched = None
+            if is_gvisor(self.config.runtime) and self.config.policy == "reuse":
+                watched = await self._host_memory(container_id)  # (cancelled: removed below)
         except ProtocolError as exc:
             channel.close()
             starved = await self.oom_killed(container_id, 0, settle=2.0, after_exit=0.5)
@@ -350,13 +353,12 @@ class ContainerFactory:
             channel.close()
             await self.destroy_id(container_id, then=lambda: self._removed(container_id, uid))
             raise
-        container = SandboxContainer(id=container_id, channel=channel, ready=ready, sandbox_uid=uid)
-        if is_gvisor(self.config.runtime) and self.config.policy == "reuse":
-            container.host_memory = await self._host_memory(container_id)
-        return container
+        return SandboxContainer(
+            id=container_id, channel=channel, ready=ready, sandbox_uid=uid, host_memory=watched
+        )
 
     async def _host_memory(self, container_id: str) -> HostMemory | None:
-        """Where the host reads what the container's gVisor kernel holds (``host_memory``),
+        """Where the host reads what the container's gVisor kernel holds (``host_cgroup``),
         its baseline taken now; None, said once, where the host cannot read it."""
 
         def find() -> HostMemory | None:
@@ -523,18 +525,23 @@ class ContainerFactory:
         except Exception:
             return False
 
-    async def paused(self, container_id: str) -> bool:
-        """Whether Docker says the container is paused (frozen by someone else), or cannot
-        say what it is."""
+    async def held_up_by_its_call(self, container_id: str) -> bool:
+        """Whether a container whose agent went silent is running, not paused, and busy
+        (``host_cgroup.busy``; busy too where its cgroup cannot be read): a call keeping
+        its agent from answering, not an agent or a daemon that failed on its own, nor a
+        container someone else froze (which no call can do)."""
 
         def inspect() -> bool:
             state = self.client.api.inspect_container(container_id).get("State", {})
-            return bool(state.get("Paused")) or not state.get("Running")
+            pid = state.get("Pid")
+            if state.get("Paused") or not state.get("Running") or not isinstance(pid, int):
+                return False
+            return busy(pid) is not False
 
         try:
             return await self._blocking(inspect)
         except Exception:
-            return True
+            return False
 
     async def remove_pool_containers(self) -> None:
         """Remove every container labelled with this pool (the last word on leaks)."""

@@ -31,7 +31,7 @@ from typing import Any
 
 from retool_exec._handoff import Handoff, abandoned, collect_stalled
 from retool_exec.backends.docker.containers import ContainerFactory, SandboxContainer
-from retool_exec.backends.docker.host_memory import TOLERANCE as HOST_MEMORY_TOLERANCE
+from retool_exec.backends.docker.host_cgroup import TOLERANCE as HOST_MEMORY_TOLERANCE
 from retool_exec.backends.docker.protocol import ProtocolError
 
 __all__ = ["PoolUnavailableError", "WarmPool"]
@@ -319,7 +319,7 @@ async def _confirm_reset(container: SandboxContainer) -> bool | None:
 
 def _holds_too_much(container: SandboxContainer) -> bool:
     """Whether the host sees the container's gVisor kernel holding more than
-    ``HOST_MEMORY_TOLERANCE`` above its ready baseline (``host_memory``: a call left it
+    ``HOST_MEMORY_TOLERANCE`` above its ready baseline (``host_cgroup``: a call left it
     there, and the reset inside cannot see it)."""
     watched = container.host_memory
     grown = watched.grown() if watched is not None else None

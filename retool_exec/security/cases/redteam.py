@@ -994,7 +994,7 @@ CASES: tuple[Case, ...] = (
         exclusive=True,
         local=Expect.CONTAINED,
         note="Under gVisor the host reads the container's memory cgroup and retires a reused "
-        "container its call left grown (backends/docker/host_memory.py).",
+        "container its call left grown (backends/docker/host_cgroup.py).",
     ),
     Case(
         id="res-agent-starvation",

@@ -904,8 +904,16 @@ def run_user_code(source: str, script: str | None = None, *, auto_print: bool = 
             exec(code, namespace)
         finally:  # the first thing after the code: its hooks off (see ``CodeHooks``)
             trace, profile = _get_trace(), _get_profile()
-            _set_profile(None)
-            _set_trace(None)
+            try:
+                if profile is not None:
+                    _set_profile(None)
+            except BaseException:
+                pass  # refused by an audit hook of the code's: on, as it chose
+            try:
+                if trace is not None:
+                    _set_trace(None)
+            except BaseException:
+                pass
     except SystemExit as exc:
         status = exit_status(exc)
     except BaseException as exc:
@@ -944,15 +952,34 @@ class CodeHooks:
 
     def call(self, function: Callable[..., Any], *args: Any) -> Any:
         """``function(*args)`` (the code's, or what runs the code's) with the hooks on, and
-        then off again, whatever it raised (kept as it left them)."""
-        _set_trace(self.trace)
-        _set_profile(self.profile)
+        then off again, whatever it raised (kept as it left them).
+
+        Only hooks that are set are set and unset: each ``sys.settrace`` and
+        ``sys.setprofile`` raises an audit event, and the code's audit hook, which python3
+        never shows them at its end, saw six and could refuse them (the review of the
+        twenty-ninth round: a refused unset left the tracer on the agent's frames). A
+        refusal leaves the hooks as they are; it never ends the call."""
+        try:
+            if self.trace is not None:
+                _set_trace(self.trace)
+            if self.profile is not None:
+                _set_profile(self.profile)
+        except BaseException:
+            pass
         try:
             return _partial(function, *args)()
         finally:
             self.trace, self.profile = _get_trace(), _get_profile()
-            _set_profile(None)
-            _set_trace(None)
+            try:
+                if self.profile is not None:
+                    _set_profile(None)
+            except BaseException:
+                pass
+            try:
+                if self.trace is not None:
+                    _set_trace(None)
+            except BaseException:
+                pass
 
 
 def _print_exception(
@@ -974,6 +1001,8 @@ def _print_exception(
         names = vars(sys)
         if set_sys_last_vars:
             names["last_type"], names["last_value"], names["last_traceback"] = type(exc), exc, tb
+            if sys.version_info >= (3, 12):
+                names["last_exc"] = exc
         hook = names.get("excepthook")
         try:
             hooks.call(_audit, "sys.excepthook", hook, type(exc), exc, tb)

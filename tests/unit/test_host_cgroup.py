@@ -1,11 +1,11 @@
-"""The host's reading of a gVisor container's memory cgroup (no Docker needed)."""
+"""The host's reading of a container's cgroups (no Docker needed)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from retool_exec.backends.docker.host_memory import HostMemory, find_host_memory
+from retool_exec.backends.docker.host_cgroup import HostMemory, busy, find_host_memory
 
 
 def test_growth_is_read_against_the_baseline(tmp_path: Path) -> None:
@@ -28,3 +28,7 @@ def test_this_process_s_own_cgroup_is_found_where_the_host_has_the_files() -> No
     if found is not None:  # (a container running the tests may have no cgroup files)
         assert found.key in {"total_rss", "anon"}
         assert found.grown() is not None
+
+
+def test_a_process_without_a_readable_cgroup_is_neither_busy_nor_idle() -> None:
+    assert busy(2**22 + 12345) is None  # no such pid: the host then treats it as busy

@@ -1,0 +1,128 @@
+"""What the host reads of a container in its cgroups: what a gVisor container's own kernel
+holds, and whether a container is using the CPU.
+
+Why the memory: under gVisor the kernel a call talks to is the sandbox's Sentry, a Go
+process whose heap holds the call's socket and pipe buffers. When the call ends the
+Sentry frees them but keeps the memory: 100 unix socket pairs with full 8 MiB buffers
+left ~850 MiB of a 1 GiB container held, and the first later call that needed 300 MiB
+was killed as ``oom`` (twenty-ninth red-team round). The sandbox's own
+``/proc/meminfo``, which the reset compares with its baseline, does not count the
+Sentry's heap, so the reset called the container clean. Only the host sees it: the
+container's cgroup counts the Sentry's anonymous memory (``total_rss`` under cgroup v1,
+``anon`` under v2), against its value when the container became ready.
+
+Why the CPU: a call can keep its own container's agent from answering by its deadline (a
+fork bomb under gVisor); the host then tells that from an agent that failed on its own
+by whether the container is busy (``busy``).
+
+Read only where the host's cgroup files are (retool_exec on the Docker host, as the
+project runs); elsewhere the readers give None, which docs/security.md states.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+TOLERANCE = 64 << 20
+"""Bytes of growth over the ready baseline that a reused gVisor container may show before
+it is retired: what one call can take from the next at most. The Sentry's heap grows
+with use too (~12 MiB over 55 mixed calls of print, numpy, sympy, scipy, threads,
+subprocesses and sockets, measured on this project's machine), so a container doing
+ordinary work is replaced after a few hundred calls instead of ``max_calls_per_container``."""
+CGROUP_ROOT = "/sys/fs/cgroup"
+BUSY_SAMPLE = 0.1
+"""Seconds over which ``busy`` measures the container's CPU use."""
+BUSY_SHARE = 0.1
+"""The share of one CPU over that time above which a container is busy."""
+
+
+@dataclass
+class HostMemory:
+    """One container's memory counter on the host, and its value at the baseline."""
+
+    path: str
+    key: str
+    baseline: int
+
+    def grown(self) -> int | None:
+        """Bytes above the baseline now (None: the counter cannot be read)."""
+        now = _read_counter(self.path, self.key)
+        return None if now is None else now - self.baseline
+
+
+def find_host_memory(pid: int) -> HostMemory | None:
+    """The memory counter of the cgroup holding ``pid`` (the container's first process),
+    with its value now as the baseline; None where the host's cgroup files are not there."""
+    for controllers, directory in _cgroups(pid, "memory"):
+        key = "total_rss" if controllers else "anon"  # v1, else v2
+        path = os.path.join(directory, "memory.stat")
+        value = _read_counter(path, key)
+        if value is not None:
+            return HostMemory(path, key, value)
+    return None
+
+
+def busy(pid: int) -> bool | None:
+    """Whether the cgroup holding ``pid`` used more than ``BUSY_SHARE`` of a CPU over the
+    next ``BUSY_SAMPLE`` seconds (blocks for them); None where it cannot be read."""
+    first = _cpu_seconds(pid)
+    if first is None:
+        return None
+    time.sleep(BUSY_SAMPLE)
+    second = _cpu_seconds(pid)
+    return None if second is None else second - first > BUSY_SHARE * BUSY_SAMPLE
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    for controllers, directory in _cgroups(pid, "cpuacct"):
+        if controllers:  # v1: nanoseconds
+            try:
+                with open(os.path.join(directory, "cpuacct.usage"), "rb") as usage:
+                    return int(usage.read(64)) / 1e9
+            except (OSError, ValueError):
+                continue
+        value = _read_counter(os.path.join(directory, "cpu.stat"), "usage_usec")
+        if value is not None:
+            return value / 1e6
+    return None
+
+
+def _cgroups(pid: int, controller: str) -> list[tuple[str, str]]:
+    """The directories on the host of the cgroups holding ``pid``: the v1 hierarchy that
+    has ``controller`` (its controllers named), then the v2 one (controllers "")."""
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="ascii", errors="replace") as lines:
+            entries = [line.rstrip("\n").split(":", 2) for line in lines]
+    except OSError:
+        return []
+    found: list[tuple[str, str]] = []
+    for entry in entries:
+        if len(entry) != 3:
+            continue
+        _hierarchy, controllers, path = entry
+        if controller in controllers.split(","):
+            mount = os.path.join(CGROUP_ROOT, controllers)
+            if not os.path.isdir(mount):  # (a combined hierarchy may be mounted by one name)
+                mount = os.path.join(CGROUP_ROOT, controller)
+            found.insert(0, (controllers, os.path.join(mount, path.lstrip("/"))))
+        elif controllers == "":
+            found.append(("", os.path.join(CGROUP_ROOT, path.lstrip("/"))))
+    return found
+
+
+def _read_counter(path: str, key: str) -> int | None:
+    try:
+        with open(path, "rb") as stat:
+            text = stat.read(1 << 16)
+    except OSError:
+        return None
+    prefix = key.encode() + b" "
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            try:
+                return int(line[len(prefix) :])
+            except ValueError:
+                return None
+    return None
