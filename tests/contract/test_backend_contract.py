@@ -805,6 +805,17 @@ class TestBackendContract:
                 "1/0",
                 1, "", "",
             ),
+            (
+                "import atexit, sys\n"
+                "atexit.register(lambda: print('last', getattr(sys, 'last_type', None)))\n"
+                "class D:\n"
+                "    def __del__(self): print('del', sys.last_value)\n"
+                "d = D()\n"
+                "1/0",
+                1, "last <class 'ZeroDivisionError'>\ndel None\n",
+                'Traceback (most recent call last):\n  File "<sandbox>", line 6, in <module>\n'
+                "ZeroDivisionError: division by zero\n",
+            ),
         ],
         ids=[
             "audit-hook-refuses-tracing", "audit-hook-sees-no-tracing",
@@ -813,6 +824,7 @@ class TestBackendContract:
             "print-replaced", "exit-message-without-stderr", "exit-message-unprintable",
             "thread-started-late", "join-overridden", "thread-joins-main", "last-value-at-exit",
             "no-last-value-at-start", "os-exit-replaced", "audit-hook-refuses-the-hook",
+            "last-values-released-at-the-end",
         ],
     )  # fmt: skip
     def test_the_end_is_python3_s_whatever_the_code_changed(  # noqa: PLR0917 - the table's

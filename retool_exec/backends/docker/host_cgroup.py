@@ -25,12 +25,14 @@ import os
 import time
 from dataclasses import dataclass
 
-TOLERANCE = 64 << 20
+TOLERANCE = 32 << 20
 """Bytes of growth over the ready baseline that a reused gVisor container may show before
 it is retired: what one call can take from the next at most. The Sentry's heap grows
 with use too (~12 MiB over 55 mixed calls of print, numpy, sympy, scipy, threads,
 subprocesses and sockets, measured on this project's machine), so a container doing
-ordinary work is replaced after a few hundred calls instead of ``max_calls_per_container``."""
+ordinary work is replaced after ~150 calls instead of ``max_calls_per_container`` (a
+start of ~1-2 s each). 64 MiB was too much: the corpus case ``res-agent-starvation``
+thrashes 64 MiB under the audit's limit and was killed for memory after earlier cases."""
 CGROUP_ROOT = "/sys/fs/cgroup"
 BUSY_SAMPLE = 0.1
 """Seconds over which ``busy`` measures the container's CPU use."""

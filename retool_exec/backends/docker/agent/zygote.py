@@ -1532,11 +1532,26 @@ def _agent_streams() -> list[io.TextIOWrapper]:
 
 
 def _restore_std_streams() -> None:
-    """As CPython's ``finalize_modules`` starts: ``sys.stdout`` and the others set back to
-    ``sys.__stdout__`` and the others (None where those are gone)."""
+    """As CPython's ``finalize_modules`` starts (``finalize_modules_delete_special``):
+    ``sys.last_type`` and the others set to None, and ``sys.stdout`` and the others set
+    back to ``sys.__stdout__`` and the others (None where those are gone).
+
+    Why the first: an uncaught exception's traceback, kept there, holds the frames of the
+    code and what they hold; python3 lets them go here, and a finalizer in a cycle they
+    held ran (``os._exit(0)`` in one chose the status; the last values are set since the
+    twenty-ninth round). Its other names (``sys.path``, ``sys.meta_path``, ...) are left:
+    a finalizer's import works here where python3's fails."""
     names = vars(sys)
+    for name in LAST_VALUES:
+        names[name] = None
     for name in ("stdin", "stdout", "stderr"):
         names[name] = names.get(f"__{name}__")
+
+
+LAST_VALUES = ("last_type", "last_value", "last_traceback") + (
+    ("last_exc",) if sys.version_info >= (3, 12) else ()
+)
+"""What ``_print_exception`` sets of ``sys`` (as ``_PyErr_PrintEx`` does)."""
 
 
 def _report_unraisable(exc: BaseException, owner: object, message: str | None = None) -> None:
