@@ -499,18 +499,7 @@ class DockerBackend(Backend):
         waited: float,
         detail: str = "the container hit its memory limit and was killed whole",
     ) -> ExecResult:
-        return ExecResult(
-            ok=False,
-            stdout="",
-            stderr="",
-            returncode=-9,
-            timed_out=False,
-            latency=time.perf_counter() - started,
-            outcome=Outcome.OOM,
-            backend=self.name,
-            queue_wait=waited,
-            detail=detail,
-        )
+        return self._without_output(Outcome.OOM, -9, False, started, waited, detail)
 
     def _silent_past_deadline(
         self,
@@ -546,18 +535,7 @@ class DockerBackend(Backend):
             "call (or failing during it): the call's output is lost, the container was killed"
         )
         log.warning("%s", detail)
-        return ExecResult(
-            ok=False,
-            stdout="",
-            stderr="",
-            returncode=None,
-            timed_out=True,
-            latency=time.perf_counter() - started,
-            outcome=Outcome.TIMEOUT,
-            backend=self.name,
-            queue_wait=waited,
-            detail=detail,
-        )
+        return self._without_output(Outcome.TIMEOUT, None, True, started, waited, detail)
 
     def _output_lost(self, ended: dict[str, Any], started: float, waited: float) -> ExecResult:
         """The call's own outcome, from the agent's ``ended`` frame, when its result (fetched
@@ -572,6 +550,18 @@ class DockerBackend(Backend):
             f"did not arrive within {RESULT_AFTER_LIMIT:g} s of its time limit"
         )
         log.warning("%s", detail)
+        return self._without_output(outcome, returncode, timed_out, started, waited, detail)
+
+    def _without_output(  # noqa: PLR0917 - the result's own fields
+        self,
+        outcome: Outcome,
+        returncode: int | None,
+        timed_out: bool,
+        started: float,
+        waited: float,
+        detail: str,
+    ) -> ExecResult:
+        """A call's outcome whose output never reached the host (said in ``detail``)."""
         return ExecResult(
             ok=outcome is Outcome.SUCCESS,
             stdout="",
