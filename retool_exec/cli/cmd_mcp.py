@@ -279,6 +279,7 @@ def _serve_http(server: MCPServer, port: int, log_level: str) -> int:
             log_level=log_level.lower(),
             lifespan="on",
             server_header=False,
+            proxy_headers=False,  # the peer is who connected, never what a header claims
             timeout_graceful_shutdown=5,
         )
         http = uvicorn.Server(config)

@@ -29,7 +29,15 @@ as long as it likes, before any token check could refuse it.
   once.
 
 ``uvicorn_config`` builds a ``uvicorn.Config`` for an app from ``create_app``
-with this protocol and the app's settings; ``retool-exec serve`` uses it.
+with this protocol and the app's settings; ``retool-exec serve`` uses it. It
+also turns off uvicorn's proxy headers, which are on by default for connections
+from 127.0.0.1: with them, any local process (and every client of a tunnel or
+port-forward, all of which arrive from 127.0.0.1) chose the address the server
+took for it by sending ``X-Forwarded-For``, and so became another client, able
+to use that client's sessions and to pass its own cap (thirtieth red-team
+round). A client is its TCP peer, or its token; the headers a client writes
+never say who it is. And it keeps session ids out of the access log
+(``access_log.py``).
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from retool_exec.server.access_log import redact_session_ids
 from retool_exec.server.settings import ServerSettings
 
 __all__ = ["GuardedH11Protocol", "guarded_protocol", "uvicorn_config"]
@@ -251,10 +260,14 @@ def uvicorn_config(app: Any, **options: Any) -> uvicorn.Config:
     ``app`` is one ``create_app`` built (its settings are read from it); any
     other ASGI app gets the default settings. ``options`` go to
     ``uvicorn.Config`` (``host``, ``port``, ``log_level``, ...); ``http`` and
-    ``ws`` are set here.
+    ``ws`` are set here, and ``proxy_headers`` is off unless given (an embedder
+    behind its own proxy may pass ``proxy_headers=True, forwarded_allow_ips=...``).
     """
     service = getattr(getattr(app, "state", None), "service", None)
     settings = getattr(service, "settings", None)
     if not isinstance(settings, ServerSettings):
         settings = ServerSettings()
-    return uvicorn.Config(app, http=guarded_protocol(settings), ws="none", **options)
+    options.setdefault("proxy_headers", False)
+    config = uvicorn.Config(app, http=guarded_protocol(settings), ws="none", **options)
+    redact_session_ids()  # (after the Config: it configures uvicorn's loggers)
+    return config

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 import threading
 import time
@@ -26,6 +27,7 @@ from retool_exec._models import CellResult
 from retool_exec.backends.base import Backend
 from retool_exec.backends.fake import FakeCell
 from retool_exec.server import OUTCOME_HEADER, ServerSettings, create_app
+from retool_exec.server.access_log import ACCESS_LOGGER
 from retool_exec.server.sessions import ID_BYTES, client_key
 from tests.server.conftest import PREFIX, TOKEN, serve, verl_body
 
@@ -256,6 +258,63 @@ def test_another_clients_id_is_404_and_untouched(url: str, http: httpx.Client) -
         ):
             assert response.status_code == 404, response.text
     assert run(url, http, session_id, "show")["run_result"]["stdout"] == "mine\n"
+
+
+FORGED_ADDRESSES = [
+    {"X-Forwarded-For": "127.0.0.2"},
+    {"X-Forwarded-For": "127.0.0.2, 127.0.0.1"},
+    {"Forwarded": "for=127.0.0.2"},
+    {"X-Real-IP": "127.0.0.2"},
+]
+
+
+@pytest.mark.parametrize("headers", FORGED_ADDRESSES, ids=lambda headers: next(iter(headers)))
+def test_a_forwarding_header_does_not_make_a_request_another_clients(
+    url: str, http: httpx.Client, headers: dict[str, str]
+) -> None:
+    """uvicorn believes ``X-Forwarded-For`` from 127.0.0.1 by default: any local
+    process (any client of a tunnel) was whichever client it named (thirtieth round)."""
+    with other_client() as owner:
+        session_id = open_session(url, owner)
+        run(url, owner, session_id, "theirs")
+        for response in (
+            http.post(f"{url}/sessions/{session_id}/run", json={"code": "mine"}, headers=headers),
+            http.post(f"{url}/sessions/{session_id}/fork", headers=headers),
+            http.delete(f"{url}/sessions/{session_id}", headers=headers),
+        ):
+            assert response.status_code == 404, response.text
+        assert run(url, owner, session_id, "show")["run_result"]["stdout"] == "theirs\n"
+
+
+def test_a_forwarding_header_does_not_pass_the_cap() -> None:
+    settings = ServerSettings(max_sessions_per_client=1)
+    with fake_server(settings) as (base, _), httpx.Client(timeout=30) as http:
+        open_session(base, http)
+        for headers in FORGED_ADDRESSES:
+            refused = http.post(f"{base}/sessions", headers=headers)
+            assert refused.status_code == 429, (headers, refused.text)
+
+
+def test_session_ids_stay_out_of_the_access_log(url: str, http: httpx.Client) -> None:
+    """An id is a session's credential, and the access log writes every path."""
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    access = logging.getLogger(ACCESS_LOGGER)
+    level = access.level
+    access.setLevel(logging.INFO)
+    access.addHandler(handler)
+    try:
+        session_id = open_session(url, http)
+        run(url, http, session_id, "logged")
+        assert http.post(f"{url}/sessions/{session_id}/fork").status_code == 201
+        assert http.delete(f"{url}/sessions/{session_id}").status_code == 204
+    finally:
+        access.removeHandler(handler)
+        access.setLevel(level)
+    assert len(lines) == 4, lines
+    assert all(session_id not in line and "/sessions" in line for line in lines), lines
+    assert "/sessions/<id>/run" in lines[1], lines
 
 
 def test_a_lost_session_answers_410_until_deleted(url: str, http: httpx.Client) -> None:
