@@ -226,6 +226,8 @@ class CallInputs:
     """Uploaded into the call's working directory before the code starts."""
     fetch: tuple[str, ...] = ()
     """Read back from the working directory after the code ends (``ExecResult.files``)."""
+    memory_mb: int | None = None
+    """The call's own memory limit (``RunRequest.memory_mb``), as a server's client sets it."""
 
 
 class StepAction(enum.StrEnum):

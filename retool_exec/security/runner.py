@@ -156,7 +156,7 @@ def _render(source: str, ctx: CaseContext, *, raw: bool = False) -> str:
 
 
 def _inputs(case: Case, ctx: CaseContext) -> dict[str, Any]:
-    """The attack call's stdin/files/fetch keywords (only those the case gives)."""
+    """The attack call's stdin/files/fetch/memory_mb keywords (only those the case gives)."""
     given = case.inputs
     inputs: dict[str, Any] = {}
     if given.stdin is not None:
@@ -165,6 +165,8 @@ def _inputs(case: Case, ctx: CaseContext) -> dict[str, Any]:
         inputs["files"] = {_fill(path, ctx): _fill(text, ctx) for path, text in given.files.items()}
     if given.fetch:
         inputs["fetch"] = tuple(_fill(path, ctx) for path in given.fetch)
+    if given.memory_mb is not None:
+        inputs["memory_mb"] = given.memory_mb
     return inputs
 
 

@@ -339,6 +339,36 @@ class TestBackendContract:
         with pytest.raises(ValueError, match="stack_mb"):
             RunRequest(code="", timeout=1, stack_mb=0)
 
+    def test_memory_mb_is_the_codes_limit_under_every_runtime(
+        self, sandbox: Sandbox, backend_id: str
+    ) -> None:
+        """Past ``memory_mb`` an allocation raises ``MemoryError`` in the code, under
+        gVisor too, which applies ``RLIMIT_DATA`` to ``brk`` only: 300 MB under a 64 MB
+        limit was a success there (thirtieth red-team round)."""
+        if backend_id == "local":
+            pytest.skip("the local backend sets no memory limit (docs/server.md)")
+        code = "b = bytearray({} << 20)\nb[::4096] = bytes(len(b) >> 12)\nprint(len(b) >> 20)"
+        within = run_request(sandbox, RunRequest(code=code.format(64), timeout=20, memory_mb=256))
+        assert (within.outcome, within.stdout) == (Outcome.SUCCESS, "64\n"), within.stderr
+        past = run_request(sandbox, RunRequest(code=code.format(300), timeout=20, memory_mb=256))
+        assert (past.outcome, past.stdout) == (Outcome.ERROR, ""), past
+        assert past.stderr.endswith("\nMemoryError\n"), past.stderr
+
+    def test_a_small_memory_mb_with_a_large_stdin_is_still_the_codes_call(
+        self, sandbox: Sandbox
+    ) -> None:
+        """The limit is the code's from its first line, not the sandbox's before it: set
+        before the stdin was decoded, code padded to 15 MB made its own wrong answer a
+        ``sandbox_error`` (which trainers drop) at 24 MB over a call's own data."""
+        probe = "print(next(l.split()[1] for l in open('/proc/self/status') if l[:7] == 'VmData:'))"
+        data_mb = int(sandbox.run_code(probe).stdout) >> 10
+        code = "a, b = map(int, input().split())\nprint(a - b)\n#" + "x" * (15 << 20) + "\n"
+        request = RunRequest(
+            code=code, timeout=30, stdin=b"3 4\n" + b"0" * (8 << 20), memory_mb=data_mb + 24
+        )
+        result = run_request(sandbox, request)
+        assert (result.outcome, result.stdout) == (Outcome.SUCCESS, "-1\n"), result.detail
+
     def test_calls_are_stateless(self, sandbox: Sandbox) -> None:
         assert sandbox.run_code("x = 5\nprint(x)").stdout == "5\n"
         result = sandbox.run_code("print(x)")

@@ -1010,4 +1010,44 @@ CASES: tuple[Case, ...] = (
         note="thrash stays 64 MB under the limit: under gVisor going over kills the whole "
         "container (an OOM result, on time), which would hide whether the agent kept up",
     ),
+    Case(
+        id="res-memory-mb-under-every-runtime",
+        klass=CaseClass.RESOURCES,
+        title="an allocation past the call's own memory_mb raises MemoryError in the code, "
+        "under gVisor as under runc",
+        code=code("""
+            try:
+                block = bytearray(100 << 20)
+                block[::4096] = bytes(len(block) >> 12)
+                report(allocated_mb=len(block) >> 20)
+            except MemoryError:
+                report(allocated_mb=0)
+        """),
+        inputs=CallInputs(memory_mb=48),
+        contained=lambda obs: obs.facts() == {"allocated_mb": 0},
+        severity=Severity.MEDIUM,
+        reference="retool_exec red-team round of 2026-12-06 (thirtieth): gVisor applies "
+        "RLIMIT_DATA to brk only, so a program over a server client's memory_limit_MB was "
+        "scored a success",
+        local=Expect.EXPOSED,
+        note="The local backend sets no memory limit: the 100 MB are allocated on this host.",
+    ),
+    Case(
+        id="proto-memory-mb-before-the-code",
+        klass=CaseClass.PROTOCOL,
+        title="code padded past a small memory_mb fails as its own call, not the sandbox's",
+        code=lambda: "a, b = map(int, input().split())\nprint(a - b)\n#" + "x" * (15 << 20),
+        raw=True,
+        inputs=CallInputs(stdin="3 4\n" + "0" * (1 << 20), memory_mb=20),
+        contained=lambda obs: (
+            obs.result.outcome is not Outcome.SANDBOX_ERROR and obs.result.detail == ""
+        ),
+        severity=Severity.MEDIUM,
+        reference="retool_exec red-team round of 2026-12-06 (thirtieth): the call's memory "
+        "limit was set before its stdin was decoded, so code large enough to fill it made "
+        "its own wrong answer a sandbox failure, which trainers drop",
+        local=Expect.CONTAINED,
+        note="python3 itself may fail such code with MemoryError (an error): what matters is "
+        "that the outcome is the code's.",
+    ),
 )

@@ -126,6 +126,8 @@ class Setup:
     work: 58 s counted in 14 s), so benign threaded programs were killed as
     ``cpu_limit`` seconds into a 35 s limit (eighteenth red-team round). There the
     call's wall-clock timeout and the container's CPU share bound it."""
+    data_limit_spares_mmap = False
+    """Whether ``RLIMIT_DATA`` leaves ``mmap`` alone (gVisor): ``_limit_memory``."""
     generators: list[Any] = []  # noqa: RUF012 - found once, before the first fork
     """Every random generator the zygote holds (``generators.find``), reseeded before each fork."""
     agent_path: str | None = None
@@ -297,6 +299,7 @@ def serve(
         forking.choose(registered)
         Setup.warm_child = reset._in_gvisor()
         Setup.cpu_time_limited = not Setup.warm_child
+        Setup.data_limit_spares_mmap = Setup.warm_child
         Setup.module_names = frozenset(sys.modules)
         control.send(b"R" + json.dumps({"loaded": loaded, "failed": failed}).encode())
     except BaseException as exc:
@@ -446,20 +449,23 @@ def child_main(events_w: int, request_r: int, out_w: int, err_w: int, started_w:
         # "signal 9" that SandboxFusion's clients take for an OOM kill.
         if Setup.cpu_time_limited:
             resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-        memory_mb = request.get("memory_mb")
-        if memory_mb:
-            data = int(memory_mb) * 1024 * 1024
-            resource.setrlimit(resource.RLIMIT_DATA, (data, data))
-        stack_mb = request.get("stack_mb")
-        if stack_mb:
-            _raise_soft(resource.RLIMIT_STACK, int(stack_mb) * 1024 * 1024)
-        _set_stdin(request.get("stdin"))
+        _set_stdin(request.pop("stdin", None))  # (its text freed: it is the memfd's now)
         streamed = bool(request.get("session") or request.get("cells"))
         if streamed:
             Interrupts.between_cells()  # before the mark: the supervisor interrupts after it
             # Its kind given, not asked of the kernel (three getsockopt calls): the
             # supervisor's socketpair (``supervisor.Child``).
             request_sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, REQUEST_FD)
+        # The limits the request chose, last before the mark: set earlier, a small memory
+        # limit made the decoding of a large stdin fail before the code started, which
+        # read as the sandbox's failure, and the code chose when by its own size
+        # (thirtieth red-team round).
+        memory_mb = request.get("memory_mb")
+        if memory_mb:
+            _limit_memory(int(memory_mb) * 1024 * 1024)
+        stack_mb = request.get("stack_mb")
+        if stack_mb:
+            _raise_soft(resource.RLIMIT_STACK, int(stack_mb) * 1024 * 1024)
         # From here on the call's own code runs: an ending before this mark is the
         # sandbox's failure, after it the code's.
         if not _mark_started():
@@ -622,6 +628,40 @@ def _lower(limit: int, value: int) -> None:
             resource.setrlimit(limit, (value, value))
         except (OSError, ValueError):
             pass
+
+
+def _limit_memory(limit: int) -> None:
+    """The call's memory limit: ``RLIMIT_DATA`` at ``limit`` (past it an allocation
+    raises ``MemoryError``), and under gVisor also ``RLIMIT_AS``.
+
+    Why both there: gVisor applies ``RLIMIT_DATA`` to ``brk`` only, never to ``mmap``,
+    where CPython's large allocations go, so code 300 MB past a 64 MB limit was a
+    success (thirtieth red-team round). The address-space limit is ``limit`` plus
+    what the process maps outside its data as it starts (code, read-only data, its
+    stack): the same room the data limit leaves under runc. It is stricter in one
+    way: shared and file mappings the code makes count too.
+    """
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    if Setup.data_limit_spares_mmap:
+        size, data = _status_kilobytes(b"VmSize:", b"VmData:")
+        room = limit + (size - data) * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (room, room))
+
+
+def _status_kilobytes(*fields: bytes) -> list[int]:
+    """The values of ``fields`` (``b"VmSize:"``, ...) in ``/proc/self/status``, in kB,
+    read with plain syscalls (see ``_write_quietly``)."""
+    fd = os.open("/proc/self/status", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        text = os.read(fd, 1 << 16)
+    finally:
+        os.close(fd)
+    values = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition(b"\t")
+        if name in fields:
+            values[name] = int(rest.split()[0])
+    return [values[name] for name in fields]
 
 
 def _raise_soft(limit: int, value: int) -> None:
