@@ -146,8 +146,9 @@ class DockerConfig(BackendConfigBase):
     """Most files and directories in ``/tmp``, and in ``/dev/shm`` (gVisor counts none)."""
     shm_mb: int = Field(default=16, ge=1, le=1 << 16)
     """Size of ``/dev/shm``."""
-    nofile: int = Field(default=256, ge=16, le=1 << 20)
-    """Most open file descriptors per process."""
+    nofile: int = Field(default=256, ge=32, le=1 << 20)
+    """Most open file descriptors per process. At least 32: the agent holds about 20
+    itself (the reset's kernel files among them), and at 16 no container started."""
     fsize_mb: int = Field(default=64, ge=1, le=1 << 20)
     """Largest file a call may write."""
     env: dict[str, str] = Field(default_factory=dict)

@@ -84,7 +84,14 @@ def test_docker_config_accepts_dotted_preload() -> None:
 
 @pytest.mark.parametrize(
     "fields",
-    [{"timeout": 0}, {"timeout": -1}, {"pool_size": 0}, {"memory_mb": 1}, {"policy": "shared"}],
+    [
+        {"timeout": 0},
+        {"timeout": -1},
+        {"pool_size": 0},
+        {"memory_mb": 1},
+        {"policy": "shared"},
+        {"nofile": 31},  # no container started at 16 (thirtieth red-team round)
+    ],
 )
 def test_docker_config_rejects_out_of_range_values(fields: dict[str, object]) -> None:
     with pytest.raises(pydantic.ValidationError):
