@@ -575,18 +575,25 @@ def test_under_gvisor_fork_bombs_run_to_their_limit_are_their_own_timeouts() -> 
     the host's grace: the agents said nothing by then, and every call came back as
     ``sandbox_error``, the sandbox's failure, which trainers drop (twenty-ninth red-team
     round: 12 of 12). A silent agent in a container nobody paused is now the call's own
-    ``timeout`` (or ``oom``)."""
+    ``timeout`` (or ``oom``). Twelve at once on six containers (two CPUs) left each
+    container so small a share that one short sample of its CPU read as idle: 2-7 of 12
+    were the sandbox's failure still (thirtieth round); a call whose code had started is
+    now charged its silence."""
     require_docker()
-    bomb = "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass\n"
-    config = DockerConfig(policy="reuse", pool_size=4, runtime="runsc", labels=LABELS)
+    catch = "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass\n"
+    bombs = [catch, "import os\nwhile True:\n    os.fork()\n"] * 6
+    config = DockerConfig(policy="reuse", pool_size=6, runtime="runsc", labels=LABELS)
 
-    async def four(sandbox: Sandbox) -> list[ExecResult]:
-        return list(await asyncio.gather(*(sandbox.arun_code(bomb, timeout=2) for _ in range(4))))
+    async def at_once(sandbox: Sandbox, timeout: float) -> list[ExecResult]:
+        calls = (sandbox.arun_code(bomb, timeout=timeout) for bomb in bombs)
+        return list(await asyncio.gather(*calls))
 
-    with Sandbox(config, max_workers=4) as sandbox:
+    with Sandbox(config, max_workers=6) as sandbox:
         sandbox.start()
-        results = asyncio.run(four(sandbox))
-        assert {result.outcome for result in results} <= {Outcome.TIMEOUT, Outcome.OOM}, results
+        for timeout in (2.0, 3.0):
+            results = asyncio.run(at_once(sandbox, timeout))
+            outcomes = {result.outcome for result in results}
+            assert outcomes <= {Outcome.TIMEOUT, Outcome.OOM}, [r.detail for r in results]
         assert sandbox.run_code("print(6 * 7)").stdout == "42\n"
 
 

@@ -226,7 +226,9 @@ class DockerBackend(Backend):
                         past
                         and progress.ended is None
                         and self._factory is not None
-                        and await self._factory.held_up_by_its_call(container.id)
+                        and await self._factory.held_up_by_its_call(
+                            container.id, code_started=progress.code_started
+                        )
                     )
                 finally:
                     pool.retire(container)
@@ -519,9 +521,9 @@ class DockerBackend(Backend):
         call that chose its outcome (twenty-ninth red-team round). The host cannot tell
         that from an agent that failed on its own during the call; what it does know is
         that the call was given its whole time and did not end in it, in a container that
-        nobody paused and that was still busy (``held_up_by_its_call``: an agent stopped or
-        wedged while no code of the call runs leaves it idle, and reads as the sandbox's
-        failure). Only the OOM counter is read (``oom_killed`` waits for a container that
+        nobody paused and whose code had started or that was still busy
+        (``held_up_by_its_call``: an agent stopped or wedged before the code ran leaves it
+        idle, and reads as the sandbox's failure). Only the OOM counter is read (``oom_killed`` waits for a container that
         stops; this one still runs).
         """
         limit = request.timeout + self.config.host_grace

@@ -525,18 +525,25 @@ class ContainerFactory:
         except Exception:
             return False
 
-    async def held_up_by_its_call(self, container_id: str) -> bool:
-        """Whether a container whose agent went silent is running, not paused, and busy
-        (``host_cgroup.busy``; busy too where its cgroup cannot be read): a call keeping
-        its agent from answering, not an agent or a daemon that failed on its own, nor a
-        container someone else froze (which no call can do)."""
+    async def held_up_by_its_call(self, container_id: str, *, code_started: bool) -> bool:
+        """Whether a container whose agent went silent is running, not paused, and either
+        said its call's code had started (``code_started``) or is busy (``host_cgroup.busy``;
+        busy too where its cgroup cannot be read): a call keeping its agent from answering,
+        not an agent or a daemon that failed on its own, nor a container someone else froze
+        (which no call can do).
+
+        Why the code's start first: under gVisor, twelve fork bombs on two CPUs left each
+        container a share that one short sample read as idle, and 3 of 12 such calls were
+        the sandbox's failure (thirtieth red-team round). Once the code ran, the silence is
+        the call's: charging it a ``timeout`` gives it nothing it could not have had by
+        running on, where a ``sandbox_error`` would drop it from the reward."""
 
         def inspect() -> bool:
             state = self.client.api.inspect_container(container_id).get("State", {})
             pid = state.get("Pid")
             if state.get("Paused") or not state.get("Running") or not isinstance(pid, int):
                 return False
-            return busy(pid) is not False
+            return code_started or busy(pid) is not False
 
         try:
             return await self._blocking(inspect)

@@ -34,10 +34,13 @@ ordinary work is replaced after ~150 calls instead of ``max_calls_per_container`
 start of ~1-2 s each). 64 MiB was too much: the corpus case ``res-agent-starvation``
 thrashes 64 MiB under the audit's limit and was killed for memory after earlier cases."""
 CGROUP_ROOT = "/sys/fs/cgroup"
-BUSY_SAMPLE = 0.1
+BUSY_SAMPLE = 0.3
 """Seconds over which ``busy`` measures the container's CPU use."""
-BUSY_SHARE = 0.1
-"""The share of one CPU over that time above which a container is busy."""
+BUSY_SHARE = 0.02
+"""The share of one CPU over that time above which a container is busy. An idle container
+(its agent stopped or waiting) used 0.0-0.07% of a CPU over 0.3 s, runc and gVisor alike;
+twelve fork bombs on two CPUs leave each container a sixth of one on average, which one
+sample of 0.1 s against 10% read as idle in 3 of 12 calls (thirtieth red-team round)."""
 
 
 @dataclass
