@@ -523,8 +523,8 @@ class DockerBackend(Backend):
         that the call was given its whole time and did not end in it, in a container that
         nobody paused and whose code had started or that was still busy
         (``held_up_by_its_call``: an agent stopped or wedged before the code ran leaves it
-        idle, and reads as the sandbox's failure). Only the OOM counter is read (``oom_killed`` waits for a container that
-        stops; this one still runs).
+        idle, and reads as the sandbox's failure). Only the OOM counter is read
+        (``oom_killed`` waits for a container that stops; this one still runs).
         """
         limit = request.timeout + self.config.host_grace
         counted = self._factory.oom_count(container.id) if self._factory is not None else None
