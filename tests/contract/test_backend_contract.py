@@ -354,6 +354,24 @@ class TestBackendContract:
         assert (past.outcome, past.stdout) == (Outcome.ERROR, ""), past
         assert past.stderr.endswith("\nMemoryError\n"), past.stderr
 
+    def test_threads_run_under_memory_mb_as_they_do_under_runc(self, sandbox: Sandbox) -> None:
+        """gVisor's address-space limit counted the 64 MiB glibc reserves for each thread's
+        malloc arena: sixteen threads that run in 0.3 s under runc failed to start, or
+        timed out, at the same ``memory_mb`` (the thirtieth round's review)."""
+        code = (
+            "import concurrent.futures as cf, threading, time\n"
+            "def work(i):\n"
+            "    for _ in range(200): block = [bytes(1000) for _ in range(200)]\n"
+            "    return 1\n"
+            "with cf.ThreadPoolExecutor(16) as pool: print(sum(pool.map(work, range(64))))\n"
+            "idle = [threading.Thread(target=time.sleep, args=(0.2,)) for _ in range(20)]\n"
+            "for thread in idle: thread.start()\n"
+            "for thread in idle: thread.join()\n"
+            "print('joined')\n"
+        )
+        result = run_request(sandbox, RunRequest(code=code, timeout=30, memory_mb=256))
+        assert (result.outcome, result.stdout) == (Outcome.SUCCESS, "64\njoined\n"), result
+
     def test_a_small_memory_mb_with_a_large_stdin_is_still_the_codes_call(
         self, sandbox: Sandbox
     ) -> None:

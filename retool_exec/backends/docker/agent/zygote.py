@@ -83,6 +83,8 @@ FORKED_PID = struct.Struct("=i")
 """The pid of a process forked for the supervisor (whose child it is: ``forking``)."""
 CHILD_NICE = 10
 """Calls run below the supervisor's priority, so it keeps the CPU it needs for deadlines."""
+M_ARENA_MAX = -8
+"""``mallopt``'s parameter for the most malloc arenas (glibc's ``malloc.h``)."""
 CHILD_MEMLOCK = 0
 """No page a call may lock: each ``mlock`` moves host-wide counts by one (``Mlocked`` in
 ``/proc/meminfo``, the unevictable events), which calls in other containers read under
@@ -640,9 +642,17 @@ def _limit_memory(limit: int) -> None:
     what the process maps outside its data as it starts (code, read-only data, its
     stack): the same room the data limit leaves under runc. It is stricter in one
     way: shared and file mappings the code makes count too.
+
+    And one arena: glibc gives each new thread a malloc arena that reserves 64 MiB of
+    address space it never writes. Counted against the address-space limit, a pool of
+    16 threads could not start, or ran each ``malloc`` through a failing ``mmap`` (a
+    job of 0.1 s under runc timed out at 120 s; the same round). With ``M_ARENA_MAX``
+    at 1 every thread allocates from the main arena. A program the call starts has
+    glibc's default again: its threads may meet the limit there.
     """
     resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
     if Setup.data_limit_spares_mmap:
+        identity._libc.mallopt(M_ARENA_MAX, 1)
         size, data = _status_kilobytes(b"VmSize:", b"VmData:")
         room = limit + (size - data) * 1024
         resource.setrlimit(resource.RLIMIT_AS, (room, room))
