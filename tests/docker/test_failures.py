@@ -811,3 +811,25 @@ def test_a_frozen_pool_answers_within_the_calls_deadline() -> None:
     assert result.outcome is Outcome.SANDBOX_ERROR, result
     assert "silent past the deadline (3.0s)" in (result.detail or "")
     assert took < 3.0 + 1.0, took
+
+
+def test_a_stdin_over_the_file_size_limit_is_refused_as_an_upload_is() -> None:
+    """The stdin is a file in the sandbox (a memfd), bounded by ``fsize_mb``: over it the
+    call's process failed before its code started, a ``sandbox_error`` (the thirtieth
+    round's review). It is refused as an upload over the limit is; and a refused upload
+    no longer leaves the unused spare's descriptors for the reset to retire the
+    container over."""
+    require_docker()
+    config = DockerConfig(policy="reuse", pool_size=1, fsize_mb=1, labels=LABELS)
+    count = "import sys\nprint(len(sys.stdin.read()))"
+    with Sandbox(config, max_workers=1) as sandbox:
+        assert sandbox.run_code(count, stdin="7" * 900_000).stdout == "900000\n"
+        [container] = pool_containers(sandbox)
+        over = sandbox.run_code(count, stdin="7" * 2_000_000)
+        assert over.outcome is Outcome.REJECTED, over
+        assert "fsize_mb" in over.detail and "2000000 bytes" in over.detail, over.detail
+        upload = sandbox.run_code("print(1)", files={"big.bin": "x" * 2_000_000})
+        assert upload.outcome is Outcome.REJECTED, upload
+        assert "File too large" in upload.detail, upload.detail
+        assert sandbox.run_code(count, stdin="7" * 900_000).stdout == "900000\n"
+        assert pool_containers(sandbox) == [container]

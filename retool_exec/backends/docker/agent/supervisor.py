@@ -36,6 +36,7 @@ import errno
 import fcntl
 import json
 import os
+import resource
 import select
 import signal
 import socket
@@ -644,6 +645,25 @@ def _open_parent(root_fd: int, path: str, create: bool) -> tuple[int, str]:
     return fd, name
 
 
+def stdin_over_file_limit(encoded: object) -> str | None:
+    """Why the call's stdin cannot be given to it, or None.
+
+    Why: the stdin is a file (a memfd the child writes before its code starts), so the
+    container's file size limit (``fsize_mb``) bounds it; over it the child failed before
+    the code's first line, which read as the sandbox's failure (the thirtieth round's
+    review). Refused here, as an upload over the limit is."""
+    if not isinstance(encoded, str) or not encoded:
+        return None
+    size = len(encoded) // 4 * 3 - encoded[-2:].count("=")
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit == resource.RLIM_INFINITY or size <= limit:
+        return None
+    return (
+        f"the stdin is {size} bytes; the sandbox keeps it in a file, and a file here may "
+        f"hold at most {limit} bytes (fsize_mb)"
+    )
+
+
 def write_uploads(files: list[list[str]]) -> str | None:
     """Write the call's files (as the calls' uid, never following a link); why not, or None."""
     if not files:
@@ -736,8 +756,11 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
     cells = [str(cell) for cell in request.get("cells") or []]
     cell_timeout = request.get("cell_timeout")
 
-    setup_error = write_uploads(request.get("files") or [])
+    setup_error = stdin_over_file_limit(request.get("stdin")) or write_uploads(
+        request.get("files") or []
+    )
     if setup_error is not None:
+        child.close()  # the spare never gets its request: it ends, and the reset reaps it
         return {
             "type": "result",
             "id": request.get("id"),
