@@ -44,6 +44,7 @@ from retool_exec._sandbox import Sandbox
 from retool_exec.backends.base import Backend
 from retool_exec.backends.config import BackendConfigBase
 from retool_exec.backends.registry import backend_config
+from retool_exec.server.access_log import redact_session_ids
 from retool_exec.server.admission import ClientGone, Overloaded
 from retool_exec.server.files import RequestRejected
 from retool_exec.server.guards import (
@@ -92,7 +93,12 @@ def create_app(
     A sandbox the app builds keeps ``settings.sandbox_output_chars`` of each
     stream; answers are cut from that tail.
     ``prefix`` overrides ``settings.prefix``.
+
+    Served by an ASGI server other than ``uvicorn_config``'s, turn the server's
+    proxy headers off (``uvicorn --no-proxy-headers``): a client is its address,
+    and a server that believes ``X-Forwarded-For`` lets a client write it.
     """
+    redact_session_ids()  # (uvicorn's loggers, whichever way uvicorn serves the app)
     settings = settings or ServerSettings()
     if prefix is not None:
         settings = ServerSettings.model_validate({**settings.model_dump(), "prefix": prefix})

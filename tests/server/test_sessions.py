@@ -27,7 +27,7 @@ from retool_exec._models import CellResult
 from retool_exec.backends.base import Backend
 from retool_exec.backends.fake import FakeCell
 from retool_exec.server import OUTCOME_HEADER, ServerSettings, create_app
-from retool_exec.server.access_log import ACCESS_LOGGER
+from retool_exec.server.access_log import SessionIdRedaction
 from retool_exec.server.sessions import ID_BYTES, client_key
 from tests.server.conftest import PREFIX, TOKEN, serve, verl_body
 
@@ -300,7 +300,7 @@ def test_session_ids_stay_out_of_the_access_log(url: str, http: httpx.Client) ->
     lines: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
-    access = logging.getLogger(ACCESS_LOGGER)
+    access = logging.getLogger("uvicorn.access")
     level = access.level
     access.setLevel(logging.INFO)
     access.addHandler(handler)
@@ -308,13 +308,36 @@ def test_session_ids_stay_out_of_the_access_log(url: str, http: httpx.Client) ->
         session_id = open_session(url, http)
         run(url, http, session_id, "logged")
         assert http.post(f"{url}/sessions/{session_id}/fork").status_code == 201
+        for encoded in (f"/%73essions/{session_id}/run", f"/sessions%2F{session_id}/run"):
+            http.post(f"{url}{encoded}", json={"code": "again"})  # (routed or not: logged)
         assert http.delete(f"{url}/sessions/{session_id}").status_code == 204
     finally:
         access.removeHandler(handler)
         access.setLevel(level)
-    assert len(lines) == 4, lines
+    assert len(lines) == 6, lines
     assert all(session_id not in line and "/sessions" in line for line in lines), lines
     assert "/sessions/<id>/run" in lines[1], lines
+
+
+def test_the_redaction_reads_paths_as_the_router_does_and_scopes_too() -> None:
+    """uvicorn's trace level logs each request's scope, a dict with the path twice."""
+    session_id = "nYdpoX07rFwjDwlqopwAP3u-XC8i2JqF"
+    scope = {"path": f"/sessions/{session_id}/run", "raw_path": f"/sessions/{session_id}".encode()}
+    record = logging.LogRecord("uvicorn.asgi", 5, __file__, 1, "%s scope=%s", ("ASGI", scope), None)
+    assert SessionIdRedaction().filter(record)
+    assert session_id not in record.getMessage()
+    assert "/sessions/<id>/run" in record.getMessage()
+    quoted = logging.LogRecord(
+        "uvicorn.access", 20, __file__, 1, '%s - "%s %s" %d', ("a", "POST", "", 200), None
+    )
+    for path in (
+        f"/%73essions/{session_id}",
+        f"/sessions%2F{session_id}",
+        f"/x/sessions/{session_id}?a=1",
+    ):
+        quoted.args = ("a", "POST", path, 200)
+        assert SessionIdRedaction().filter(quoted)
+        assert session_id not in quoted.getMessage() and "<id>" in quoted.getMessage(), path
 
 
 def test_a_lost_session_answers_410_until_deleted(url: str, http: httpx.Client) -> None:
