@@ -620,6 +620,30 @@ def test_an_agent_stopped_from_outside_before_the_code_ran_is_the_sandboxs_failu
     assert "its container idle" in (result.detail or ""), result
 
 
+def test_an_agent_stopped_from_outside_after_the_code_ended_is_the_sandboxs_failure() -> None:
+    """A call whose code had started and then ended, its agent stalled from outside, was
+    charged a ``timeout`` it never ran into (the thirtieth round's review of its own
+    fix): the silence is the call's only when its container stays busy."""
+    require_docker()
+    config = DockerConfig(policy="reuse", pool_size=1, timeout=1, host_grace=2.0, labels=LABELS)
+    client = docker.from_env()
+    with Sandbox(config, max_workers=1) as sandbox:
+        assert sandbox.run_code("print('warm')").stdout == "warm\n"
+        [container_id] = pool_containers(sandbox)
+        pid = client.api.inspect_container(container_id)["State"]["Pid"]
+        stopper = threading.Timer(0.3, os.kill, (pid, signal.SIGSTOP))
+        stopper.start()
+        try:
+            result = sandbox.run_code("import time\ntime.sleep(0.6)\nprint('ok')")
+        finally:
+            stopper.join()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+            client.close()
+    assert result.outcome is Outcome.SANDBOX_ERROR, result
+    assert "its container idle" in (result.detail or ""), result
+
+
 def test_under_gvisor_what_a_call_left_in_the_sandboxs_kernel_is_not_the_next_calls() -> None:
     """gVisor's kernel keeps the memory of a call's socket buffers after the call: a call
     that filled 100 socket pairs left ~850 MiB of a 1 GiB container held, the reset

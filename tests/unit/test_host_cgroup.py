@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
+import pytest
+
+from retool_exec.backends.docker import host_cgroup
 from retool_exec.backends.docker.host_cgroup import HostMemory, busy, find_host_memory
 
 
@@ -32,3 +36,30 @@ def test_this_process_s_own_cgroup_is_found_where_the_host_has_the_files() -> No
 
 def test_a_process_without_a_readable_cgroup_is_neither_busy_nor_idle() -> None:
     assert busy(2**22 + 12345) is None  # no such pid: the host then treats it as busy
+
+
+def test_busy_since_a_noted_point_measures_the_whole_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A starved container does little in any short sample but much over the grace: the
+    window from the agent's lateness decides, without a sample (thirtieth round)."""
+    monkeypatch.setattr(host_cgroup, "cpu_seconds", lambda pid: 10.5)
+    monkeypatch.setattr(host_cgroup.time, "sleep", _no_sample)
+    now = time.monotonic()
+    assert busy(1, since=(now - 1.5, 10.0)) is True  # 0.5 s of CPU in 1.5 s
+    assert busy(1, since=(now - 1.5, 10.49)) is False  # 10 ms in 1.5 s: idle
+
+
+def test_busy_samples_when_the_noted_point_is_too_recent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    readings = iter([10.0, 10.0])
+    monkeypatch.setattr(host_cgroup, "cpu_seconds", lambda pid: next(readings))
+    slept: list[float] = []
+    monkeypatch.setattr(host_cgroup.time, "sleep", slept.append)
+    assert busy(1, since=(time.monotonic(), 0.0)) is False
+    assert slept == [host_cgroup.BUSY_SAMPLE]
+
+
+def _no_sample(seconds: float) -> None:
+    raise AssertionError(f"sampled for {seconds} s where the window was given")

@@ -48,6 +48,9 @@ log = logging.getLogger(__name__)
 START_GRACE = 5.0
 """Seconds a container has to start the code (its "started" frame); past them it is taken
 as broken (paused, wedged) and, since the code provably never ran, the call moves on."""
+LATE_PROBE = 0.5
+"""Seconds past its time limit at which a call the agent has not answered has its
+container's CPU noted (``_note_cpu_when_late``; a quarter of ``host_grace`` if less)."""
 RESULT_AFTER_LIMIT = 0.8
 """Seconds past its time limit that a call's result may take once the agent has said the
 call ended (an ``ended`` frame): then the call comes back on time with its own outcome,
@@ -67,9 +70,12 @@ class CallProgress:
 
     code_started = False
     ended: dict[str, Any] | None = None
+    """The agent's ``ended`` frame: the outcome, sent ahead of a result that may be slow."""
     deadline = math.inf
     """The ``time.monotonic()`` past which the host stops waiting for the call."""
-    """The agent's ``ended`` frame: the outcome, sent ahead of a result that may be slow."""
+    cpu_when_late: tuple[float, float] | None = None
+    """When the agent was ``LATE_PROBE`` seconds past the call's limit without an answer,
+    and the container's CPU seconds then (``_note_cpu_when_late``)."""
 
 
 class DockerBackend(Backend):
@@ -227,7 +233,7 @@ class DockerBackend(Backend):
                         and progress.ended is None
                         and self._factory is not None
                         and await self._factory.held_up_by_its_call(
-                            container.id, code_started=progress.code_started
+                            container.id, since=progress.cpu_when_late
                         )
                     )
                 finally:
@@ -395,31 +401,62 @@ class DockerBackend(Backend):
         deadline = progress.deadline = sent + request.timeout + self.config.host_grace
         start_deadline = min(deadline, sent + START_GRACE)
         await container.channel.send(frame, timeout=START_GRACE)
-        while True:
-            until = deadline if progress.code_started else start_deadline
-            if progress.ended is not None:
-                until = min(until, sent + request.timeout + RESULT_AFTER_LIMIT)
-            reply = await container.channel.receive(timeout=max(0.0, until - time.monotonic()))
-            authentic = reply.get("id") == call_id and hmac.compare_digest(
-                str(reply.get("nonce")), container.nonce
-            )
-            if reply.get("type") == "started" and authentic:
-                progress.code_started = True
-                continue
-            if reply.get("type") == "ended" and authentic:
-                progress.code_started = True
-                progress.ended = reply
-                continue
-            if reply.get("type") == "result" and authentic:
-                return reply
-            # Anything else (a forged or stray frame) means the stream cannot be trusted.
-            if reply.get("type") == "error":  # the agent failed and is exiting
-                if reply.get("started") is not False:
-                    # It had handed the request to a child (or does not say): the code may
-                    # have run, so it is not run again elsewhere (a second draw).
+        probe: asyncio.Future[None] | None = None
+        try:
+            while True:
+                until = deadline if progress.code_started else start_deadline
+                if progress.ended is not None:
+                    until = min(until, sent + request.timeout + RESULT_AFTER_LIMIT)
+                remaining = max(0.0, until - time.monotonic())
+                reply = await container.channel.receive(timeout=remaining)
+                authentic = reply.get("id") == call_id and hmac.compare_digest(
+                    str(reply.get("nonce")), container.nonce
+                )
+                if reply.get("type") == "started" and authentic:
                     progress.code_started = True
-                raise ProtocolError(f"the agent failed: {str(reply.get('reason'))[:300]}")
-            raise ProtocolError(f"unauthenticated frame from the agent: {reply.get('type')!r}")
+                    if probe is None and self._factory is not None:  # (a call of 50 ms or more)
+                        late = sent + request.timeout
+                        late += min(LATE_PROBE, self.config.host_grace / 4)
+                        probe = asyncio.ensure_future(
+                            self._note_cpu_when_late(container, progress, late)
+                        )
+                    continue
+                if reply.get("type") == "ended" and authentic:
+                    progress.code_started = True
+                    progress.ended = reply
+                    continue
+                if reply.get("type") == "result" and authentic:
+                    return reply
+                # Anything else (a forged or stray frame) means the stream cannot be trusted.
+                if reply.get("type") == "error":  # the agent failed and is exiting
+                    if reply.get("started") is not False:
+                        # It had handed the request to a child (or does not say): the code
+                        # may have run, so it is not run again elsewhere (a second draw).
+                        progress.code_started = True
+                    raise ProtocolError(f"the agent failed: {str(reply.get('reason'))[:300]}")
+                raise ProtocolError(f"unauthenticated frame from the agent: {reply.get('type')!r}")
+        finally:
+            if probe is not None:
+                probe.cancel()
+
+    async def _note_cpu_when_late(
+        self, container: SandboxContainer, progress: CallProgress, when: float
+    ) -> None:
+        """At ``when`` (``LATE_PROBE`` past the call's limit), note the container's CPU
+        seconds: what ``held_up_by_its_call`` measures a silent agent's container against.
+
+        Why a window that long: one sample of 0.1 s read a container starved by eleven
+        other fork bombs as idle, and the call was the sandbox's failure (thirtieth
+        round); charging the silence to any call whose code had started charged a host's
+        stall after the code had ended to the code (the round's review). Over the rest of
+        the grace (1.5 s by default), a call that keeps its container busy shows, and an
+        agent stalled from outside leaves it idle. Runs only for calls still running at
+        ``when``; the agent answers the others (nearly every timeout) first."""
+        await asyncio.sleep(max(0.0, when - time.monotonic()))
+        assert self._factory is not None
+        seconds = await self._factory.cpu_seconds(container.id)
+        if seconds is not None:
+            progress.cpu_when_late = (time.monotonic(), seconds)
 
     def _result(
         self, reply: dict[str, Any], started: float, waited: float, cell_chars: int
@@ -521,10 +558,11 @@ class DockerBackend(Backend):
         call that chose its outcome (twenty-ninth red-team round). The host cannot tell
         that from an agent that failed on its own during the call; what it does know is
         that the call was given its whole time and did not end in it, in a container that
-        nobody paused and whose code had started or that was still busy
-        (``held_up_by_its_call``: an agent stopped or wedged before the code ran leaves it
-        idle, and reads as the sandbox's failure). Only the OOM counter is read
-        (``oom_killed`` waits for a container that stops; this one still runs).
+        nobody paused and that was busy since the agent was late (``held_up_by_its_call``
+        over ``_note_cpu_when_late``'s window: an agent stopped or wedged leaves it idle,
+        before the code ran or after it ended, and reads as the sandbox's failure). Only
+        the OOM counter is read (``oom_killed`` waits for a container that stops; this one
+        still runs).
         """
         limit = request.timeout + self.config.host_grace
         counted = self._factory.oom_count(container.id) if self._factory is not None else None

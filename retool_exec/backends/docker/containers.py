@@ -31,7 +31,12 @@ from retool_exec.backends.docker.agent import wire
 from retool_exec.backends.docker.bootstrap import agent_frame
 from retool_exec.backends.docker.client import retry_docker
 from retool_exec.backends.docker.hardening import container_spec, with_sandbox_uid
-from retool_exec.backends.docker.host_cgroup import HostMemory, busy, find_host_memory
+from retool_exec.backends.docker.host_cgroup import (
+    HostMemory,
+    busy,
+    cpu_seconds,
+    find_host_memory,
+)
 from retool_exec.backends.docker.oom_events import OomEvents
 from retool_exec.backends.docker.protocol import AgentChannel, ProtocolError
 
@@ -525,30 +530,38 @@ class ContainerFactory:
         except Exception:
             return False
 
-    async def held_up_by_its_call(self, container_id: str, *, code_started: bool) -> bool:
-        """Whether a container whose agent went silent is running, not paused, and either
-        said its call's code had started (``code_started``) or is busy (``host_cgroup.busy``;
-        busy too where its cgroup cannot be read): a call keeping its agent from answering,
-        not an agent or a daemon that failed on its own, nor a container someone else froze
-        (which no call can do).
-
-        Why the code's start first: under gVisor, twelve fork bombs on two CPUs left each
-        container a share that one short sample read as idle, and 3 of 12 such calls were
-        the sandbox's failure (thirtieth red-team round). Once the code ran, the silence is
-        the call's: charging it a ``timeout`` gives it nothing it could not have had by
-        running on, where a ``sandbox_error`` would drop it from the reward."""
+    async def held_up_by_its_call(
+        self, container_id: str, *, since: tuple[float, float] | None = None
+    ) -> bool:
+        """Whether a container whose agent went silent is running, not paused, and busy
+        (``host_cgroup.busy``, since ``since``, the time and CPU seconds noted when the
+        agent was late, else over a sample; busy too where its cgroup cannot be read): a
+        call keeping its agent from answering, not an agent or a daemon that failed on its
+        own, nor a container someone else froze (which no call can do)."""
 
         def inspect() -> bool:
             state = self.client.api.inspect_container(container_id).get("State", {})
             pid = state.get("Pid")
             if state.get("Paused") or not state.get("Running") or not isinstance(pid, int):
                 return False
-            return code_started or busy(pid) is not False
+            return busy(pid, since=since) is not False
 
         try:
             return await self._blocking(inspect)
         except Exception:
             return False
+
+    async def cpu_seconds(self, container_id: str) -> float | None:
+        """The CPU seconds the container has used, read on the host (None: unreadable)."""
+
+        def read() -> float | None:
+            pid = self.client.api.inspect_container(container_id).get("State", {}).get("Pid")
+            return cpu_seconds(pid) if isinstance(pid, int) and pid > 0 else None
+
+        try:
+            return await self._blocking(read)
+        except Exception:
+            return None
 
     async def remove_pool_containers(self) -> None:
         """Remove every container labelled with this pool (the last word on leaks)."""

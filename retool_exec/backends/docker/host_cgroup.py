@@ -69,18 +69,23 @@ def find_host_memory(pid: int) -> HostMemory | None:
     return None
 
 
-def busy(pid: int) -> bool | None:
-    """Whether the cgroup holding ``pid`` used more than ``BUSY_SHARE`` of a CPU over the
-    next ``BUSY_SAMPLE`` seconds (blocks for them); None where it cannot be read."""
-    first = _cpu_seconds(pid)
+def busy(pid: int, since: tuple[float, float] | None = None) -> bool | None:
+    """Whether the cgroup holding ``pid`` used more than ``BUSY_SHARE`` of a CPU since
+    ``since`` (a ``time.monotonic()`` and the cgroup's CPU seconds then), or, without it
+    or less than ``BUSY_SAMPLE`` ago, over the next ``BUSY_SAMPLE`` seconds (blocks for
+    them); None where it cannot be read."""
+    first = cpu_seconds(pid)
     if first is None:
         return None
+    if since is not None and time.monotonic() - since[0] >= BUSY_SAMPLE:
+        return first - since[1] > BUSY_SHARE * (time.monotonic() - since[0])
     time.sleep(BUSY_SAMPLE)
-    second = _cpu_seconds(pid)
+    second = cpu_seconds(pid)
     return None if second is None else second - first > BUSY_SHARE * BUSY_SAMPLE
 
 
-def _cpu_seconds(pid: int) -> float | None:
+def cpu_seconds(pid: int) -> float | None:
+    """The CPU seconds the cgroup holding ``pid`` has used (None: not readable here)."""
     for controllers, directory in _cgroups(pid, "cpuacct"):
         if controllers:  # v1: nanoseconds
             try:
