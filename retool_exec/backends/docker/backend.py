@@ -397,16 +397,21 @@ class DockerBackend(Backend):
         }
         progress = progress or CallProgress()
         sent = time.monotonic()
-
-        deadline = progress.deadline = sent + request.timeout + self.config.host_grace
-        start_deadline = min(deadline, sent + START_GRACE)
         await container.channel.send(frame, timeout=START_GRACE)
+        # The call's time runs from when the agent has its request: a frame of up to 64 MB
+        # (code of 10 million "é") took seconds to encode and hand over on a loaded host,
+        # and counted from before, they ate the grace before the code began (the
+        # thirtieth round's second review). Before the code starts, the wait stays
+        # bounded from the send (``START_GRACE``; finding 62).
+        taken = time.monotonic()
+        deadline = progress.deadline = taken + request.timeout + self.config.host_grace
+        start_deadline = min(deadline, sent + START_GRACE)
         probe: asyncio.Future[None] | None = None
         try:
             while True:
                 until = deadline if progress.code_started else start_deadline
                 if progress.ended is not None:
-                    until = min(until, sent + request.timeout + RESULT_AFTER_LIMIT)
+                    until = min(until, taken + request.timeout + RESULT_AFTER_LIMIT)
                 remaining = max(0.0, until - time.monotonic())
                 reply = await container.channel.receive(timeout=remaining)
                 authentic = reply.get("id") == call_id and hmac.compare_digest(
@@ -415,7 +420,10 @@ class DockerBackend(Backend):
                 if reply.get("type") == "started" and authentic:
                     progress.code_started = True
                     if probe is None and self._factory is not None:  # (a call of 50 ms or more)
-                        late = sent + request.timeout
+                        # From the later of the hand-over and the code's start (50 ms before
+                        # this frame): the agent's own clock for the call starts there.
+                        began = max(taken, time.monotonic() - wire.STARTED_DELAY)
+                        late = began + request.timeout
                         late += min(LATE_PROBE, self.config.host_grace / 4)
                         probe = asyncio.ensure_future(
                             self._note_cpu_when_late(container, progress, late)

@@ -65,10 +65,6 @@ BROKEN_EVENTS_GRACE = 0.5
 (then its exit status is its own) before it is killed: none of its cells can end any more."""
 INTERRUPT_GRACE = 1.0
 """Notebook mode: seconds a cell has to stop after KeyboardInterrupt before the process dies."""
-STARTED_DELAY = 0.05
-"""Seconds the "started" frame waits: a call that ends sooner says it in its result frame,
-so the host gets one frame per call instead of two (the host only needs "started" to know,
-within its 5 s grace, that a slow call must not be run again elsewhere)."""
 MCL_CURRENT = 1
 
 
@@ -812,7 +808,7 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
     cell_deadline = deadline
     interrupted_at: float | None = None
     events_open = True
-    tell_started_at: float | None = started + STARTED_DELAY  # None once told (or never can be)
+    tell_started_at: float | None = started + wire.STARTED_DELAY  # None once told (or never can be)
     watching_gate = False  # past tell_started_at without a mark: woken by the gate itself
     undeliverable = False  # a cell could not be sent by its deadline (start_cell)
 

@@ -257,6 +257,11 @@ MAX_UPLOAD_BYTES = 32 * 1024 * 1024
 MAX_FETCH_BYTES = 32 * 1024 * 1024
 """Default total bytes one call may fetch back."""
 MAX_STDIN_BYTES = 16 * 1024 * 1024
+STARTED_DELAY = 0.05
+"""Seconds the "started" frame waits: a call that ends sooner says it in its result frame,
+so the host gets one frame per call instead of two (the host only needs "started" to know,
+within its 5 s grace, that a slow call must not be run again elsewhere). The host reads
+the code's start as this much before the frame (``DockerBackend._note_cpu_when_late``)."""
 
 
 def check_relative_path(path: object) -> str:
