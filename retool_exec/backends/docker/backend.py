@@ -50,7 +50,7 @@ START_GRACE = 5.0
 as broken (paused, wedged) and, since the code provably never ran, the call moves on."""
 LATE_PROBE = 0.5
 """Seconds past its time limit at which a call the agent has not answered has its
-container's CPU noted (``_note_cpu_when_late``; a quarter of ``host_grace`` if less)."""
+container's CPU noted (``_note_cpu``; a quarter of ``host_grace`` if less)."""
 RESULT_AFTER_LIMIT = 0.8
 """Seconds past its time limit that a call's result may take once the agent has said the
 call ended (an ``ended`` frame): then the call comes back on time with its own outcome,
@@ -75,7 +75,7 @@ class CallProgress:
     """The ``time.monotonic()`` past which the host stops waiting for the call."""
     cpu_when_late: tuple[float, float] | None = None
     """When the agent was ``LATE_PROBE`` seconds past the call's limit without an answer,
-    and the container's CPU seconds then (``_note_cpu_when_late``)."""
+    and the container's CPU seconds then (``_note_cpu``)."""
 
 
 class DockerBackend(Backend):
@@ -406,61 +406,68 @@ class DockerBackend(Backend):
         taken = time.monotonic()
         deadline = progress.deadline = taken + request.timeout + self.config.host_grace
         start_deadline = min(deadline, sent + START_GRACE)
-        probe: asyncio.Future[None] | None = None
-        try:
-            while True:
-                until = deadline if progress.code_started else start_deadline
-                if progress.ended is not None:
-                    until = min(until, taken + request.timeout + RESULT_AFTER_LIMIT)
-                remaining = max(0.0, until - time.monotonic())
-                reply = await container.channel.receive(timeout=remaining)
-                authentic = reply.get("id") == call_id and hmac.compare_digest(
-                    str(reply.get("nonce")), container.nonce
-                )
-                if reply.get("type") == "started" and authentic:
+        late: float | None = None  # when to note the container's CPU (``_note_cpu``)
+        noted = False
+        while True:
+            until = deadline if progress.code_started else start_deadline
+            if progress.ended is not None:
+                until = min(until, taken + request.timeout + RESULT_AFTER_LIMIT)
+            wake = until if late is None or noted else min(until, late)
+            try:
+                reply = await container.channel.receive(timeout=max(0.0, wake - time.monotonic()))
+            except TimeoutError:
+                # Only the note's wake goes on (a timeout leaves a frame half read where it
+                # was: the wait resumes); any other bound ends the wait, as before.
+                if late is None or noted or time.monotonic() >= until:
+                    raise
+                noted = True
+                await self._note_cpu(container, progress)
+                continue
+            authentic = reply.get("id") == call_id and hmac.compare_digest(
+                str(reply.get("nonce")), container.nonce
+            )
+            if reply.get("type") == "started" and authentic:
+                progress.code_started = True
+                if late is None and self._factory is not None:  # (a call of 50 ms or more)
+                    # From the later of the hand-over and the code's start (50 ms before
+                    # this frame): the agent's own clock for the call starts there.
+                    # At the latest halfway through the grace: a frame made late by a call
+                    # that starves its agent must not leave the window too short to tell.
+                    began = max(taken, time.monotonic() - wire.STARTED_DELAY)
+                    late = min(
+                        began + request.timeout + min(LATE_PROBE, self.config.host_grace / 4),
+                        deadline - self.config.host_grace / 2,
+                    )
+                continue
+            if reply.get("type") == "ended" and authentic:
+                progress.code_started = True
+                progress.ended = reply
+                continue
+            if reply.get("type") == "result" and authentic:
+                return reply
+            # Anything else (a forged or stray frame) means the stream cannot be trusted.
+            if reply.get("type") == "error":  # the agent failed and is exiting
+                if reply.get("started") is not False:
+                    # It had handed the request to a child (or does not say): the code may
+                    # have run, so it is not run again elsewhere (a second draw).
                     progress.code_started = True
-                    if probe is None and self._factory is not None:  # (a call of 50 ms or more)
-                        # From the later of the hand-over and the code's start (50 ms before
-                        # this frame): the agent's own clock for the call starts there.
-                        began = max(taken, time.monotonic() - wire.STARTED_DELAY)
-                        late = began + request.timeout
-                        late += min(LATE_PROBE, self.config.host_grace / 4)
-                        probe = asyncio.ensure_future(
-                            self._note_cpu_when_late(container, progress, late)
-                        )
-                    continue
-                if reply.get("type") == "ended" and authentic:
-                    progress.code_started = True
-                    progress.ended = reply
-                    continue
-                if reply.get("type") == "result" and authentic:
-                    return reply
-                # Anything else (a forged or stray frame) means the stream cannot be trusted.
-                if reply.get("type") == "error":  # the agent failed and is exiting
-                    if reply.get("started") is not False:
-                        # It had handed the request to a child (or does not say): the code
-                        # may have run, so it is not run again elsewhere (a second draw).
-                        progress.code_started = True
-                    raise ProtocolError(f"the agent failed: {str(reply.get('reason'))[:300]}")
-                raise ProtocolError(f"unauthenticated frame from the agent: {reply.get('type')!r}")
-        finally:
-            if probe is not None:
-                probe.cancel()
+                raise ProtocolError(f"the agent failed: {str(reply.get('reason'))[:300]}")
+            raise ProtocolError(f"unauthenticated frame from the agent: {reply.get('type')!r}")
 
-    async def _note_cpu_when_late(
-        self, container: SandboxContainer, progress: CallProgress, when: float
-    ) -> None:
-        """At ``when`` (``LATE_PROBE`` past the call's limit), note the container's CPU
-        seconds: what ``held_up_by_its_call`` measures a silent agent's container against.
+    async def _note_cpu(self, container: SandboxContainer, progress: CallProgress) -> None:
+        """Note the container's CPU seconds now (``LATE_PROBE`` past the call's limit, the
+        agent silent): what ``held_up_by_its_call`` measures a silent agent's container
+        against.
 
         Why a window that long: one sample of 0.1 s read a container starved by eleven
         other fork bombs as idle, and the call was the sandbox's failure (thirtieth
         round); charging the silence to any call whose code had started charged a host's
         stall after the code had ended to the code (the round's review). Over the rest of
         the grace (1.5 s by default), a call that keeps its container busy shows, and an
-        agent stalled from outside leaves it idle. Runs only for calls still running at
-        ``when``; the agent answers the others (nearly every timeout) first."""
-        await asyncio.sleep(max(0.0, when - time.monotonic()))
+        agent stalled from outside leaves it idle. Taken only for calls still running
+        then; the agent answers the others (nearly every timeout) first. Noted in the
+        call's own wait, not a task of its own: a task outlived a loop dropped under its
+        call."""
         assert self._factory is not None
         seconds = await self._factory.cpu_seconds(container.id)
         if seconds is not None:
@@ -567,7 +574,7 @@ class DockerBackend(Backend):
         that from an agent that failed on its own during the call; what it does know is
         that the call was given its whole time and did not end in it, in a container that
         nobody paused and that was busy since the agent was late (``held_up_by_its_call``
-        over ``_note_cpu_when_late``'s window: an agent stopped or wedged leaves it idle,
+        over ``_note_cpu``'s window: an agent stopped or wedged leaves it idle,
         before the code ran or after it ended, and reads as the sandbox's failure). Only
         the OOM counter is read (``oom_killed`` waits for a container that stops; this one
         still runs).
