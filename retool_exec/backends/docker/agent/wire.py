@@ -261,7 +261,7 @@ STARTED_DELAY = 0.05
 """Seconds the "started" frame waits: a call that ends sooner says it in its result frame,
 so the host gets one frame per call instead of two (the host only needs "started" to know,
 within its 5 s grace, that a slow call must not be run again elsewhere). The host reads
-the code's start as this much before the frame (``DockerBackend._note_cpu_when_late``)."""
+the code's start as this much before the frame (``DockerBackend._call``)."""
 
 
 def check_relative_path(path: object) -> str:
