@@ -918,6 +918,77 @@ def test_a_docker_cell_cancelled_by_its_caller_leaves_its_family_as_it_was(
 
 @pytest.mark.docker
 @pytest.mark.parametrize("backend_id", ["docker-reuse", "docker-runsc"])
+def test_a_session_lost_while_its_caller_gave_up_is_lost_at_its_next_use(
+    backend_id: str,
+) -> None:
+    """A cell given up on by its caller that then lost its session (it ignored the
+    interrupt): the host took the session for alive, and its next cell read the agent's
+    "no such session" as killed by a signal, ``-9`` (thirty-first round, 10 of 10). Now
+    the next use raises ``SessionLostError``, and the family's container is let go."""
+    from tests.conftest import require_docker
+
+    require_docker()
+    stubborn = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass\n"
+
+    async def scenario(sandbox: Sandbox) -> str | None:
+        session = await sandbox.aopen_session()
+        await session.arun_code("x = 1")
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(session.arun_code(stubborn, timeout=1), 0.2)
+        await asyncio.sleep(1 + INTERRUPT_GRACE + SLACK)  # killed, and said so, meanwhile
+        with pytest.raises(SessionLostError):
+            await session.arun_code("print(x)")
+        return session.lost
+
+    with own_sandbox(backend_id, timeout=10) as sandbox:
+        lost = asyncio.run(scenario(sandbox))
+        assert not sandbox.backend._session_containers  # type: ignore[attr-defined]
+    assert lost is not None and "did not stop" in lost, lost
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("backend_id", ["docker-reuse", "docker-runsc"])
+def test_a_fork_whose_caller_gave_up_is_closed_once_made(backend_id: str) -> None:
+    """``afork()`` given up on by its caller: the copy was made and never closed, a live
+    interpreter in the family's container holding two of its agent's descriptors until
+    the family ended; ~120 of them ran the agent out of descriptors (runc) or the
+    container out of memory (gVisor) and lost the family (thirty-first round). Now the
+    copy is closed as soon as it is made."""
+    from tests.conftest import require_docker
+
+    require_docker()
+    count = "import os\nsum(name.isdigit() for name in os.listdir('/proc'))"
+
+    async def scenario(sandbox: Sandbox) -> tuple[int, int, int]:
+        async with sandbox.session() as root:
+            await root.arun_code("x = 1")
+            before = value_of(await root.arun_code(count))
+            for _ in range(20):
+                with contextlib.suppress(TimeoutError):
+                    copy = await asyncio.wait_for(root.afork(), 0.0005)
+                    await copy.aclose()  # (made in time: closed as any)
+            await root.arun_code("pass")  # every fork's exchange, and so its copy's close,
+            after = value_of(await root.arun_code(count))  # is queued before this cell
+            return before, after, sandbox.open_sessions
+
+    with own_sandbox(backend_id, timeout=10) as sandbox:
+        before, after, open_sessions = asyncio.run(scenario(sandbox))
+    assert after == before, (before, after)
+    assert open_sessions == 1
+
+
+def value_of(result: ExecResult) -> Any:
+    """A cell's displayed value, read as a Python literal."""
+    import ast
+
+    assert result.outcome is Outcome.SUCCESS, result
+    text = shown(result)
+    assert text is not None, result
+    return ast.literal_eval(text)
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("backend_id", ["docker-reuse", "docker-runsc"])
 def test_an_interrupt_that_misses_the_cells_code_does_not_end_the_session(
     backend_id: str,
 ) -> None:

@@ -597,51 +597,115 @@ def test_under_gvisor_fork_bombs_run_to_their_limit_are_their_own_timeouts() -> 
         assert sandbox.run_code("print(6 * 7)").stdout == "42\n"
 
 
-def test_an_agent_stopped_from_outside_before_the_code_ran_is_the_sandboxs_failure() -> None:
+@pytest.fixture()
+def stoppable() -> Iterator[tuple[Sandbox, int]]:
+    """A warm reuse sandbox of one container (1 s calls, 2 s grace) and the host pid of
+    its agent, to stop from outside; it is let go again whatever the test did."""
+    require_docker()
+    config = DockerConfig(policy="reuse", pool_size=1, timeout=1, host_grace=2.0, labels=LABELS)
+    client = docker.from_env()
+    with Sandbox(config, max_workers=1) as sandbox:
+        assert sandbox.run_code("print('warm')").stdout == "warm\n"
+        [container_id] = pool_containers(sandbox)
+        pid = client.api.inspect_container(container_id)["State"]["Pid"]
+        client.close()
+        try:
+            yield sandbox, pid
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
+def test_an_agent_stopped_from_outside_before_the_code_ran_is_the_sandboxs_failure(
+    stoppable: tuple[Sandbox, int],
+) -> None:
     """The other side of the fork bombs' test: an agent that cannot answer while no code
     of the call runs (here stopped from the host; a wedged daemon or agent alike) leaves
     its container idle, and the call is ``sandbox_error``, not a timeout charged to code
     that never ran (the review of the twenty-ninth round)."""
-    require_docker()
-    config = DockerConfig(policy="reuse", pool_size=1, timeout=1, host_grace=2.0, labels=LABELS)
-    client = docker.from_env()
-    with Sandbox(config, max_workers=1) as sandbox:
-        assert sandbox.run_code("print('warm')").stdout == "warm\n"
-        [container_id] = pool_containers(sandbox)
-        pid = client.api.inspect_container(container_id)["State"]["Pid"]
-        os.kill(pid, signal.SIGSTOP)
-        try:
-            result = sandbox.run_code("print('never runs')")
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-            client.close()
+    sandbox, pid = stoppable
+    os.kill(pid, signal.SIGSTOP)
+    result = sandbox.run_code("print('never runs')")
     assert result.outcome is Outcome.SANDBOX_ERROR, result
     assert "its container idle" in (result.detail or ""), result
 
 
-def test_an_agent_stopped_from_outside_after_the_code_ended_is_the_sandboxs_failure() -> None:
+def test_an_agent_stopped_from_outside_after_the_code_ended_is_the_sandboxs_failure(
+    stoppable: tuple[Sandbox, int],
+) -> None:
     """A call whose code had started and then ended, its agent stalled from outside, was
     charged a ``timeout`` it never ran into (the thirtieth round's review of its own
     fix): the silence is the call's only when its container stays busy."""
-    require_docker()
-    config = DockerConfig(policy="reuse", pool_size=1, timeout=1, host_grace=2.0, labels=LABELS)
-    client = docker.from_env()
-    with Sandbox(config, max_workers=1) as sandbox:
-        assert sandbox.run_code("print('warm')").stdout == "warm\n"
-        [container_id] = pool_containers(sandbox)
-        pid = client.api.inspect_container(container_id)["State"]["Pid"]
+    sandbox, pid = stoppable
+    stopper = threading.Timer(0.3, os.kill, (pid, signal.SIGSTOP))
+    stopper.start()
+    try:
+        result = sandbox.run_code("import time\ntime.sleep(0.6)\nprint('ok')")
+    finally:
+        stopper.join()
+    assert result.outcome is Outcome.SANDBOX_ERROR, result
+    assert "its container idle" in (result.detail or ""), result
+
+
+def test_a_cell_whose_agent_is_stopped_from_outside_loses_its_session_on_time(
+    stoppable: tuple[Sandbox, int],
+) -> None:
+    """A silent agent in a session's container that still runs: the loss was reported
+    ~6 s past the cell's deadline (the host waited for the container to stop, to ask
+    Docker about memory, and then for its removal; thirty-first round). Now at the
+    deadline, as the sandbox's failure: its container was idle."""
+    sandbox, _ = stoppable
+    with sandbox.session() as session:
+        assert session.run_code("x = 1").ok
+        [family] = sandbox.backend._session_containers  # type: ignore[attr-defined]
+        client = docker.from_env()
+        pid = client.api.inspect_container(family.id)["State"]["Pid"]
+        client.close()
         stopper = threading.Timer(0.3, os.kill, (pid, signal.SIGSTOP))
         stopper.start()
+        began = time.monotonic()
         try:
-            result = sandbox.run_code("import time\ntime.sleep(0.6)\nprint('ok')")
+            result = session.run_code("import time\ntime.sleep(0.6)\nprint('ok')")
         finally:
             stopper.join()
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
-            client.close()
+        took = time.monotonic() - began
     assert result.outcome is Outcome.SANDBOX_ERROR, result
-    assert "its container idle" in (result.detail or ""), result
+    assert result.detail.startswith("session lost: the session's container failed"), result
+    assert took < 1 + 1 + 2.0 + 1.0, took  # the cell's limit, the interrupt's, the grace
+
+
+def test_under_gvisor_fork_bombs_in_cells_are_their_own_timeouts_on_time() -> None:
+    """Six fork bombs in cells of six session families under gVisor, each run to its
+    2 s limit: their agents were silent past the grace and the cells came back as the
+    sandbox's failure, 10-14 s after they began (the host waited 6 s for each container
+    to stop, then for its removal; thirty-first round). Now each is its own ``timeout``
+    (or ``oom``), the session lost, by the deadline (the limit, the interrupt's 1 s,
+    the grace)."""
+    require_docker()
+    catch = "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass\n"
+    config = DockerConfig(policy="reuse", pool_size=6, runtime="runsc", labels=LABELS)
+
+    async def bombs(sandbox: Sandbox) -> list[tuple[ExecResult, float]]:
+        sessions = [await sandbox.aopen_session() for _ in range(6)]
+        for session in sessions:
+            assert (await session.arun_code("x = 1")).ok
+
+        async def timed(session: Any) -> tuple[ExecResult, float]:
+            began = time.monotonic()
+            result = await session.arun_code(catch, timeout=2)
+            return result, time.monotonic() - began
+
+        return list(await asyncio.gather(*(timed(session) for session in sessions)))
+
+    with Sandbox(config, max_workers=6) as sandbox:
+        sandbox.start()
+        for result, took in asyncio.run(bombs(sandbox)):
+            assert result.outcome in {Outcome.TIMEOUT, Outcome.OOM}, result
+            assert result.detail.startswith("session lost:"), result
+            assert took < 2 + 1 + 2.0 + 1.5, (took, result)
+        assert sandbox.run_code("print(6 * 7)").stdout == "42\n"
 
 
 def test_under_gvisor_what_a_call_left_in_the_sandboxs_kernel_is_not_the_next_calls() -> None:

@@ -15,6 +15,7 @@ import logging
 import math
 import secrets
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -91,6 +92,7 @@ class DockerBackend(Backend):
         self.image: str | None = None
         self.startup_seconds: float | None = None
         self._session_containers: set[SandboxContainer] = set()
+        self._session_ends: set[asyncio.Future[object]] = set()
         self._closed = False
 
     @property
@@ -231,10 +233,7 @@ class DockerBackend(Backend):
                     held_up = (  # asked before the container is retired (and killed)
                         past
                         and progress.ended is None
-                        and self._factory is not None
-                        and await self._factory.held_up_by_its_call(
-                            container.id, since=progress.cpu_when_late
-                        )
+                        and await self.held_up_by_its_code(container, progress)
                     )
                 finally:
                     pool.retire(container)
@@ -311,6 +310,27 @@ class DockerBackend(Backend):
             if self._factory is not None:
                 await self._factory.destroy(container)
 
+    def end_session_container_soon(self, container: SandboxContainer) -> None:
+        """A lost session family's container, destroyed in the background: its stream is
+        closed now, and ``close()`` waits for the removal.
+
+        Why not awaited: a cell's result is known before its container is gone, and
+        removing one full of a fork bomb's processes took 5-10 s, which the cell's caller
+        waited on top of its time limit (the thirty-first round)."""
+        if container not in self._session_containers:
+            return
+        self._session_containers.discard(container)
+        container.channel.close()
+        if self._factory is not None:
+            self.end_soon(self._factory.destroy(container))
+
+    def end_soon(self, ending: Coroutine[Any, Any, object]) -> None:
+        """Run the end of a session or of its family's container in the background, on
+        this loop; ``close()`` waits for it."""
+        task = asyncio.ensure_future(ending)
+        self._session_ends.add(task)
+        task.add_done_callback(self._session_ends.discard)  # (the set of its time)
+
     def note_oom_kills(
         self, container: SandboxContainer, reply: dict[str, Any], before: int | None
     ) -> bool:
@@ -339,6 +359,21 @@ class DockerBackend(Backend):
     def container_oom_count(self, container: SandboxContainer) -> int | None:
         """``container``'s OOM events so far, taken when a request is sent to it."""
         return self._factory.oom_count(container.id) if self._factory is not None else None
+
+    def oom_counted_since(self, container: SandboxContainer, before: int | None) -> bool:
+        """Whether Docker counted an OOM kill in ``container`` since ``before``, read now:
+        for a container still running (``container_oom_killed`` waits for it to stop)."""
+        counted = self.container_oom_count(container)
+        return before is not None and counted is not None and counted > before
+
+    async def held_up_by_its_code(
+        self, container: SandboxContainer, progress: CallProgress
+    ) -> bool:
+        """Whether a container whose agent was silent past the deadline was kept busy,
+        since ``progress``'s CPU note (``ContainerFactory.held_up_by_its_call``)."""
+        return self._factory is not None and await self._factory.held_up_by_its_call(
+            container.id, since=progress.cpu_when_late
+        )
 
     async def container_oom_killed(self, container: SandboxContainer, before: int | None) -> bool:
         """Whether Docker saw ``container`` killed for memory since ``before`` (after
@@ -580,8 +615,7 @@ class DockerBackend(Backend):
         still runs).
         """
         limit = request.timeout + self.config.host_grace
-        counted = self._factory.oom_count(container.id) if self._factory is not None else None
-        if oom_before is not None and counted is not None and counted > oom_before:
+        if self.oom_counted_since(container, oom_before):
             return self._container_oom(
                 started, waited, f"the container hit its memory limit; silent past {limit:.1f}s"
             )
@@ -640,6 +674,9 @@ class DockerBackend(Backend):
         self._closed = True
         for container in list(self._session_containers):
             await self.destroy_session_container(container)
+        while self._session_ends:  # (one may be added while the others are awaited)
+            ends, self._session_ends = self._session_ends, set()
+            await asyncio.gather(*ends)
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()

@@ -241,6 +241,11 @@ class ContainerFactory:
             config, image=image, labels=self.labels, send_agent=send_agent, image_path=image_path
         )
         self._threads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="retool-docker")
+        self._probes = ThreadPoolExecutor(max_workers=2, thread_name_prefix="retool-probe")
+        """Threads of their own for the quick reads a silent agent's call waits on
+        (``held_up_by_its_call``, ``cpu_seconds``): behind removals of containers full of
+        fork bombs (seconds each) in ``_threads``, a CPU note was taken 0.6 s late and a
+        cell's outcome decided 2.6 s past its deadline (thirty-first round)."""
         self._host_memory_unknown = False
         self.oom_events = OomEvents(client, f"{LABEL_POOL}={self.pool_id}")
         """The daemon's OOM events for this pool's containers; started by ``watch_oom``."""
@@ -276,8 +281,9 @@ class ContainerFactory:
         when a request is sent, so ``oom_killed`` counts only that request's."""
         return self.oom_events.count(container_id)
 
-    async def _blocking(self, func: Callable[[], T]) -> T:
-        """``func`` in a worker thread; at interpreter exit, on this loop's thread.
+    async def _blocking(self, func: Callable[[], T], *, probe: bool = False) -> T:
+        """``func`` in a worker thread (``probe``: of ``_probes``); at interpreter exit, on
+        this loop's thread.
 
         Why the second: ``concurrent.futures`` stops every thread pool when the
         interpreter exits, before ``atexit`` closes the sandboxes left open, and the
@@ -285,7 +291,8 @@ class ContainerFactory:
         check). Blocking the sandbox's own loop is then harmless: the close waits anyway.
         """
         try:
-            work = asyncio.get_running_loop().run_in_executor(self._threads, func)
+            threads = self._probes if probe else self._threads
+            work = asyncio.get_running_loop().run_in_executor(threads, func)
         except RuntimeError:  # the pool is shut down
             return func()
         return await work
@@ -547,7 +554,7 @@ class ContainerFactory:
             return busy(pid, since=since) is not False
 
         try:
-            return await self._blocking(inspect)
+            return await self._blocking(inspect, probe=True)
         except Exception:
             return False
 
@@ -559,7 +566,7 @@ class ContainerFactory:
             return cpu_seconds(pid) if isinstance(pid, int) and pid > 0 else None
 
         try:
-            return await self._blocking(read)
+            return await self._blocking(read, probe=True)
         except Exception:
             return None
 
@@ -579,3 +586,4 @@ class ContainerFactory:
     def shutdown(self) -> None:
         self.oom_events.close()
         self._threads.shutdown(wait=False, cancel_futures=True)
+        self._probes.shutdown(wait=False, cancel_futures=True)

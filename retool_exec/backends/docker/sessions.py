@@ -20,6 +20,7 @@ import itertools
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from retool_exec._errors import SessionError, SessionLostError
@@ -27,7 +28,12 @@ from retool_exec._models import ExecResult, Outcome
 from retool_exec._output import read_cap_bytes
 from retool_exec.backends.base import SessionHandle
 from retool_exec.backends.docker import frame_limit
-from retool_exec.backends.docker.backend import agent_outcome, streams
+from retool_exec.backends.docker.backend import (
+    LATE_PROBE,
+    CallProgress,
+    agent_outcome,
+    streams,
+)
 from retool_exec.backends.docker.containers import SandboxContainer
 from retool_exec.backends.docker.protocol import ProtocolError
 
@@ -56,6 +62,9 @@ class SessionFamily:
         self.oom = False
         """Whether the family's container was killed for memory during the request that
         lost it (Docker's OOM events since that request was sent)."""
+        self.held_up = False
+        """Whether the request that lost the family was a cell whose agent was silent past
+        its deadline in a container its code kept busy (``_note_loss``)."""
         self._lock = asyncio.Lock()
         self._sids = itertools.count(1)
 
@@ -63,7 +72,13 @@ class SessionFamily:
         return next(self._sids)
 
     async def request(
-        self, frame: dict[str, Any], reply_type: str, timeout: float
+        self,
+        frame: dict[str, Any],
+        reply_type: str,
+        timeout: float,
+        *,
+        note_cpu_after: float | None = None,
+        settle: Callable[[dict[str, Any] | None], object] | None = None,
     ) -> dict[str, Any]:
         """Send one authenticated frame and wait for its answer; a failure loses the family.
 
@@ -73,13 +88,26 @@ class SessionFamily:
         stays in step. Cancelled with its caller, it left the answer for the family's next
         request, which took it for a broken stream and lost every session of the family
         as ``sandbox_error`` after ~7 s (the sixth red-team round).
+
+        ``note_cpu_after``: seconds after the hand-over at which, the agent still silent,
+        the container's CPU is noted, so that silence at the deadline can be told apart:
+        a cell that kept its container busy, or an agent that failed (``held_up``).
+
+        ``settle``: what the answer (None: the exchange failed) does to the sessions, run
+        when the exchange ends whether or not its caller still waits. Done after the
+        caller's await, it was skipped for a caller that gave up: a session the agent
+        had ended was still taken for alive, its next cell read the agent's "no such
+        session" as killed by a signal, and a fork's copy lived on unclosed until the
+        agent ran out of descriptors (thirty-first round).
         """
-        exchange = asyncio.ensure_future(self._exchange(frame, reply_type, timeout))
+        exchange = asyncio.ensure_future(self._exchange(frame, reply_type, timeout, note_cpu_after))
         exchange.add_done_callback(_retrieved)  # its failure, if nobody awaits it any more
+        if settle is not None:  # (before the shield's own callback: settled before resuming)
+            exchange.add_done_callback(lambda done: settle(_answer(done)))
         return await asyncio.shield(exchange)
 
     async def _exchange(
-        self, frame: dict[str, Any], reply_type: str, timeout: float
+        self, frame: dict[str, Any], reply_type: str, timeout: float, note_cpu_after: float | None
     ) -> dict[str, Any]:
         async with self._lock:
             if self.lost is not None:
@@ -90,13 +118,24 @@ class SessionFamily:
             container.nonce = secrets.token_hex(16)
             await self.backend.await_oom_events_due(container)
             oom_before = self.backend.container_oom_count(container)
+            progress = CallProgress()
             try:
                 await container.channel.send({**frame, "id": call_id, "nonce": container.nonce})
-                deadline = time.monotonic() + timeout
+                taken = time.monotonic()
+                deadline = taken + timeout
+                late = None if note_cpu_after is None else taken + note_cpu_after
                 while True:
-                    reply = await container.channel.receive(
-                        timeout=max(0.0, deadline - time.monotonic())
-                    )
+                    wake = deadline if late is None else min(deadline, late)
+                    try:
+                        reply = await container.channel.receive(
+                            timeout=max(0.0, wake - time.monotonic())
+                        )
+                    except TimeoutError:
+                        if late is None or time.monotonic() >= deadline:
+                            raise
+                        late = None  # noted once; the wait resumes where it was
+                        await self.backend._note_cpu(container, progress)
+                        continue
                     authentic = reply.get("id") == call_id and hmac.compare_digest(
                         str(reply.get("nonce")), container.nonce
                     )
@@ -110,21 +149,60 @@ class SessionFamily:
                 if self.backend.closing:
                     self.lost = self.lost or "the sandbox was closed"
                 elif self.lost is None:  # else the family was ended on purpose meanwhile
-                    self.oom = await self.backend.container_oom_killed(container, oom_before)
-                    self.lost = (
-                        "the session's container ran out of memory and was killed"
-                        if self.oom
-                        else f"the session's container failed: {exc or type(exc).__name__}"
+                    cell = note_cpu_after is not None
+                    await self._note_loss(
+                        container, exc, oom_before, progress, timeout=timeout, cell=cell
                     )
-                await self.backend.destroy_session_container(container)
+                self.backend.end_session_container_soon(container)
                 raise
 
-    async def forget(self, sid: int) -> None:
-        """A session the agent reported gone; the family ends with its last session."""
+    async def _note_loss(
+        self,
+        container: SandboxContainer,
+        exc: Exception,
+        oom_before: int | None,
+        progress: CallProgress,
+        *,
+        timeout: float,
+        cell: bool,
+    ) -> None:
+        """Why the family's container is lost: killed for memory, kept busy past the
+        deadline by the family's code (``held_up``), or failed.
+
+        A silent agent's container is still running: Docker's OOM count is read as it
+        is (``container_oom_killed`` waits up to 6 s for a container to stop, which a
+        silent one never does: a cell came back 6 s past its deadline), and asked
+        whether it was busy, as a call's is (``DockerBackend._silent_past_deadline``):
+        four fork bombs in cells of four families under gVisor, each to its limit,
+        kept their agents silent past the grace and came back as the sandbox's failure
+        (thirty-first round)."""
+        if isinstance(exc, TimeoutError):
+            self.oom = self.backend.oom_counted_since(container, oom_before)
+            self.held_up = (
+                cell
+                and not self.oom
+                and await self.backend.held_up_by_its_code(container, progress)
+            )
+        else:
+            self.oom = await self.backend.container_oom_killed(container, oom_before)
+        if self.oom:
+            self.lost = "the session's container ran out of memory and was killed"
+        elif self.held_up:
+            self.lost = (
+                f"the session's agent was silent past the deadline ({timeout:.1f}s), held up "
+                "by the cell (or failing during it): its output is lost, the container was "
+                "killed"
+            )
+        else:
+            self.lost = f"the session's container failed: {exc or type(exc).__name__}"
+
+    def forget(self, sid: int) -> None:
+        """A session the agent reported gone; the family ends with its last session (its
+        container removed in the background: the cell's result does not wait for it)."""
         self.sessions.discard(sid)
         if not self.sessions and self.lost is None:
             self.lost = "the session family ended"
-            await self.backend.destroy_session_container(self.container)
+            self.backend.end_session_container_soon(self.container)
 
     async def close_session(self, sid: int) -> None:
         """Close one session: the agent ends its interpreter, after a cell still running
@@ -144,6 +222,13 @@ def _retrieved(task: asyncio.Future[Any]) -> None:
     """Take a finished exchange's exception (already recorded as the family's loss)."""
     if not task.cancelled():
         task.exception()
+
+
+def _answer(exchange: asyncio.Future[dict[str, Any]]) -> dict[str, Any] | None:
+    """A finished exchange's answer; None if it failed or was cancelled."""
+    if exchange.cancelled() or exchange.exception() is not None:
+        return None
+    return exchange.result()
 
 
 class DockerSession(SessionHandle):
@@ -201,22 +286,36 @@ class DockerSession(SessionHandle):
         too_large = frame_limit.encoded_size_if_too_large(frame, bound)
         if too_large is not None:  # the cell's own outcome; the session stays as it was
             return frame_limit.rejected(too_large, self.name, time.perf_counter() - started)
+        after_interrupt = timeout + INTERRUPT_GRACE
         try:
             reply = await self.family.request(
-                frame, "result", timeout + INTERRUPT_GRACE + config.host_grace
+                frame,
+                "result",
+                after_interrupt + config.host_grace,
+                note_cpu_after=after_interrupt + min(LATE_PROBE, config.host_grace / 4),
+                settle=self._settle_cell,
             )
         except (TimeoutError, ProtocolError) as exc:
-            self.family.sessions.discard(self.sid)
             lost = self._lost or self.family.lost or str(exc)  # a close's reason first
+            backend = self.family.backend
             if self.family.oom:
-                return self.family.backend._container_oom(started, 0.0, f"session lost: {lost}")
+                return backend._container_oom(started, 0.0, f"session lost: {lost}")
+            if self.family.held_up:
+                detail = f"session lost: {lost}"
+                return backend._without_output(Outcome.TIMEOUT, None, True, started, 0.0, detail)
             return ExecResult.sandbox_failure(
                 f"session lost: {lost}", backend=self.name, latency=time.perf_counter() - started
             )
-        result = self._result(reply, started)
-        if reply.get("lost"):
-            await self.family.forget(self.sid)
-        return result
+        return self._result(reply, started)
+
+    def _settle_cell(self, reply: dict[str, Any] | None) -> None:
+        """A cell's end for the session (``SessionFamily.request``'s ``settle``): lost
+        with its family's container, or with the agent's word that it is gone."""
+        if reply is None:
+            self.family.sessions.discard(self.sid)
+        elif reply.get("lost"):
+            self._lost = self._lost or str(reply["lost"])
+            self.family.forget(self.sid)
 
     def _result(self, reply: dict[str, Any], started: float) -> ExecResult:
         backend = self.family.backend
@@ -228,10 +327,8 @@ class DockerSession(SessionHandle):
         raw = reply.get("returncode")
         returncode = None if timed_out or raw is None else int(raw)
         oom = bool(reply.get("oom"))
-        if lost:
-            self._lost = str(lost)
-            if returncode is None and not timed_out and not oom:
-                returncode = -9  # the agent kills every lost session; its status not yet known
+        if lost and returncode is None and not timed_out and not oom:
+            returncode = -9  # the agent kills every lost session; its status not yet known
         outcome = agent_outcome(reply, returncode, timed_out)
         # A session cell's streams are the frame's own; the cell record adds how it ended.
         own = {key: reply.get(key) for key in STREAM_KEYS}
@@ -258,16 +355,35 @@ class DockerSession(SessionHandle):
         if self.lost is not None:
             raise SessionLostError(f"this session is gone: {self.lost}")
         new_sid = self.family.new_sid()
+        answers: list[dict[str, Any] | None] = []
+        waiting = True  # whether this call still waits for the copy (else it is closed)
+
+        def close_copy() -> None:
+            copy = answers[0] if answers else None
+            if copy is not None and copy.get("ok") and not copy.get("parent_lost"):
+                self.family.backend.end_soon(self.family.close_session(new_sid))
+
+        def settle(reply: dict[str, Any] | None) -> None:
+            answers.append(reply)
+            if reply is not None and reply.get("parent_lost"):
+                self.lost = str(reply.get("reason"))
+            elif not waiting:
+                close_copy()
+
         try:
             reply = await self.family.request(
                 {"type": "session_fork", "sid": self.sid, "new_sid": new_sid},
                 "session",
                 START_BUDGET,
+                settle=settle,
             )
+        except asyncio.CancelledError:  # the copy is closed once made (or now, if it is)
+            waiting = False
+            close_copy()
+            raise
         except (TimeoutError, ProtocolError) as exc:
             raise SessionLostError(f"this session is gone: {self.family.lost or exc}") from exc
-        if reply.get("parent_lost"):  # e.g. its code left a frame unread: killed
-            self.lost = str(reply.get("reason"))
+        if reply.get("parent_lost"):  # e.g. its code left a frame unread: killed (settled)
             raise SessionLostError(f"this session is gone: {self.lost}")
         if not reply.get("ok"):  # the parent lives on: only the copy failed
             reason = str(reply.get("reason"))
