@@ -701,6 +701,26 @@ _NEED_128_MIB = code("""
     report(allocated=True)
 """)
 
+_LOOK_UP_MISSING_NAMES = code("""
+    import os, time
+    began, rounds = time.monotonic(), 0
+    while time.monotonic() - began < 6:  # each failed lookup is cached by the kernel
+        for index in range(10000):
+            try:
+                os.stat(f"/usr/lib/absent-{rounds}-{index}-" + "x" * 40)
+            except OSError:
+                pass
+        rounds += 1
+    report(looked_up=rounds * 10000)
+""")
+_KERNEL_MEMORY_HELD = code("""
+    try:  # cgroup v1 (v2 has no such file: the reset reads its slab keys instead)
+        with open("/sys/fs/cgroup/memory/memory.kmem.usage_in_bytes") as usage:
+            report(kernel_mib=int(usage.read()) >> 20)
+    except OSError:
+        report(kernel_mib=None)
+""")
+
 _STARVE = CONTAINER_TOOLS + code("""
     import mmap, threading
     limit, used = memory_limit()
@@ -998,6 +1018,32 @@ CASES: tuple[Case, ...] = (
         local=Expect.CONTAINED,
         note="Under gVisor the host reads the container's memory cgroup and retires a reused "
         "container its call left grown (backends/docker/host_cgroup.py).",
+    ),
+    Case(
+        id="res-kernel-cache-kept",
+        klass=CaseClass.RESOURCES,
+        title="the kernel's cache of a call's failed lookups is not left charged to the "
+        "next call's container",
+        code=_LOOK_UP_MISSING_NAMES,
+        follow_up=_KERNEL_MEMORY_HELD,
+        contained=lambda obs: (
+            obs.follow is not None
+            and obs.follow.outcome is Outcome.SUCCESS
+            and (obs.follow_facts().get("kernel_mib") or 0) < 64
+        ),
+        severity=Severity.MEDIUM,
+        reference="retool_exec red-team round of 2026-12-07 (thirty-first): a million "
+        "lookups of names that do not exist left 150-600 MiB of the kernel's cache charged to "
+        "a runc container; the reset, counting what processes hold, called it clean, and the "
+        "next call took seconds to get memory back (2 of 5 timed out)",
+        timeout=20.0,
+        exclusive=True,
+        local=Expect.HARMFUL,
+        local_reason="would fill this host's own cache of failed lookups",
+        note="Under runc the reset counts the kernel memory charged to the container and "
+        "retires one a call left grown (agent/reset.py, CGROUP_V1_KERNEL); under gVisor the "
+        "cache is the sandbox kernel's, which the host watches (finding 69), and the follow-up "
+        "reads no cgroup file (None: contained by its success).",
     ),
     Case(
         id="res-agent-starvation",
