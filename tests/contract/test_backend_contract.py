@@ -567,6 +567,24 @@ class TestBackendContract:
         result = sandbox.run_code(code, files={"only.txt": b"1", "sub/x": b"2"})
         assert result.stdout == "True True\n", result
 
+    def test_an_uploaded_module_wins_over_a_preloaded_one_of_its_name(
+        self, sandbox: Sandbox
+    ) -> None:
+        """As under python3, whose working directory comes first on ``sys.path``: the
+        Docker zygote's preloaded ``random`` (numpy and sympy import it) was imported
+        instead of the call's ``random.py`` (thirty-first round)."""
+        files = {
+            "random.py": b"MARK = 'module'\n",
+            "fractions/__init__.py": b"MARK = 'package'\n",
+            "numpy.py": b"MARK = 'numpy'\n",
+        }
+        code = "import random, fractions, numpy\nprint(random.MARK, fractions.MARK, numpy.MARK)"
+        result = sandbox.run_code(code, files=files)
+        assert result.stdout == "module package numpy\n", result
+        assert sandbox.run_code("import random\nprint(hasattr(random, 'MARK'))").stdout == (
+            "False\n"
+        )
+
     def test_files_are_fetched_after_an_error_a_timeout_and_os_exit(self, sandbox: Sandbox) -> None:
         write = "open('partial.txt', 'w').write('so far')\n"
         endings = {

@@ -782,6 +782,9 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
         "script": request.get("script"),
         "auto_print": request.get("auto_print") is True,
     }
+    uploads = request.get("files")
+    if uploads:  # (written above: each item a [path, data] pair)
+        to_child["shadowing"] = zygote.importable_names([str(item[0]) for item in uploads])
     child.request.sendall(wire.encode_for_call(to_child))
 
     events = wire.FrameDecoder(max_frame=wire.EVENT_FRAME_LIMIT)

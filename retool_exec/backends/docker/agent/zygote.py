@@ -30,6 +30,7 @@ import builtins
 import errno
 import functools
 import gc
+import importlib.machinery
 import io
 import itertools
 import json
@@ -122,6 +123,12 @@ class Setup:
     module_names: frozenset[str] = frozenset()
     """The names in ``sys.modules`` as the zygote starts serving: never a call's
     (``ModulesAtStart``)."""
+    pythons_own: frozenset[str] = frozenset()
+    """The modules python3 had imported as the agent started (set by ``__main__``)."""
+    shadowable: frozenset[str] = frozenset()
+    """The modules the zygote holds that a python3 starting afresh would not (what the
+    agent and the preloads imported, the agent's package aside): a call's upload of the
+    same name wins over them (``forget_shadowed_preloads``)."""
     cpu_time_limited = True
     """Whether a call's process gets ``RLIMIT_CPU``: not under gVisor, which counts the
     time its tasks wait for the container's CPU share as CPU time (16 threads of fixed
@@ -303,6 +310,12 @@ def serve(
         Setup.cpu_time_limited = not Setup.warm_child
         Setup.data_limit_spares_mmap = Setup.warm_child
         Setup.module_names = frozenset(sys.modules)
+        package = __name__.rpartition(".")[0]
+        Setup.shadowable = frozenset(
+            name
+            for name in Setup.module_names - Setup.pythons_own
+            if name != package and not name.startswith(package + ".")
+        )
         control.send(b"R" + json.dumps({"loaded": loaded, "failed": failed}).encode())
     except BaseException as exc:
         control.send(b"!" + f"{type(exc).__name__}: {exc}".encode(errors="replace")[:4000])
@@ -490,6 +503,7 @@ def child_main(events_w: int, request_r: int, out_w: int, err_w: int, started_w:
                 str(request["code"]),
                 script if isinstance(script, str) else None,
                 auto_print=request.get("auto_print") is True,
+                shadowing=request.get("shadowing"),
             )
     finally:
         if status == ENDED_BY_INTERRUPT:
@@ -918,6 +932,47 @@ def _std_streams() -> None:
     sys.stderr = sys.__stderr__ = streams[2]  # type: ignore[misc]
 
 
+def importable_names(paths: list[str]) -> list[str]:
+    """The top-level modules that uploads at ``paths`` make importable from the working
+    directory (``name.py``, ``name.so``, ... or ``name/__init__.py``), for
+    ``forget_shadowed_preloads``."""
+    suffixes = importlib.machinery.all_suffixes()
+    names = set()
+    for path in paths:
+        parts = [part for part in path.split("/") if part not in ("", ".")]
+        if len(parts) == 1:
+            for suffix in suffixes:
+                if parts[0].endswith(suffix):
+                    names.add(parts[0][: -len(suffix)])
+        elif len(parts) == 2 and parts[1] in {"__init__" + suffix for suffix in suffixes}:
+            names.add(parts[0])
+    return sorted(name for name in names if name.isidentifier())
+
+
+def forget_shadowed_preloads(names: object) -> None:
+    """Take out of ``sys.modules`` the modules the zygote holds and python3 would not
+    (``Setup.shadowable``; their submodules too) that a call's upload of the same name
+    shadows, so the code's ``import`` finds the upload as python3 would, its working
+    directory first on ``sys.path``.
+
+    Why: an uploaded ``random.py`` (or ``json``, ``fractions``, ``numpy``, ...) was
+    ignored for the zygote's copy, and a program built on it gave another answer than
+    under python3 (thirty-first round). The preloaded modules that imported it keep their
+    own reference, as the agent's modules do (none imports after the code starts; the
+    standard ``ast`` that ``auto_print`` needs is imported apart from the working
+    directory). Only uploads, in plain calls: a file the code writes itself and then
+    imports, or a notebook's upload, is not seen (docs/security.md)."""
+    if not isinstance(names, list):
+        return
+    for name in names:
+        if not isinstance(name, str) or name not in Setup.shadowable:
+            continue
+        prefix = name + "."
+        for key in [key for key in sys.modules if key == name or key.startswith(prefix)]:
+            if key in Setup.shadowable:
+                del sys.modules[key]
+
+
 def _fresh_main(script_path: str | None = None) -> dict[str, Any]:
     """A new ``__main__``, ``sys.argv`` and ``sys.path[0]`` as ``python3 -c`` (or
     ``python3 SCRIPT``) gives them: the code's own directory first, so a module uploaded
@@ -933,11 +988,15 @@ def _fresh_main(script_path: str | None = None) -> dict[str, Any]:
     return main.__dict__
 
 
-def run_user_code(source: str, script: str | None = None, *, auto_print: bool = False) -> int:
+def run_user_code(
+    source: str, script: str | None = None, *, auto_print: bool = False, shadowing: object = None
+) -> int:
     _std_streams()
     path = None
     if script is not None:  # as `python SCRIPT`: the file is in the working directory
         path = os.path.join(wire.WORKDIR, wire.check_relative_path(script))
+    if shadowing:
+        forget_shadowed_preloads(shadowing)
     gc.freeze()  # what exists now is the agent's: the end's collection visits the call's only
     before = ModulesAtStart()  # the call's own modules are finalized at its end
     namespace = _fresh_main(path)
