@@ -39,6 +39,7 @@ BOOTSTRAP_ENTRYPOINT = ("python3", "-I", "-B", "-c")
 # Kept to syntax every Python 3 parses, so a too-old one reaches the version check.
 _BOOTSTRAP = r"""
 import os, sys
+_pythons_own = frozenset(sys.modules)
 def _fatal(reason):
     text = "".join(c if " " <= c <= "~" and c not in "\\\"" else "?" for c in reason)
     data = ('{"type": "fatal", "reason": "' + text + '"}').encode()
@@ -98,7 +99,7 @@ class _AgentFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         exec(compile(source, origin, "exec"), module.__dict__)
 sys.meta_path.insert(0, _AgentFinder())
 from agent.supervisor import main
-sys.exit(main(["agent.pyz"] + sys.argv[1:]))
+sys.exit(main(["agent.pyz"] + sys.argv[1:], _pythons_own))
 """
 
 _STDLIB = (

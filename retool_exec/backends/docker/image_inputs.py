@@ -82,8 +82,14 @@ def image_files_dir() -> Path:
     return _HERE / "image_files"
 
 
-_ZIPAPP_MAIN = b"import sys\nfrom agent.supervisor import main\nsys.exit(main(sys.argv))\n"
-"""The zipapp's entry: the agent package is ``agent`` inside it."""
+_ZIPAPP_MAIN = (
+    b"import sys\n"
+    b"PYTHONS_OWN = frozenset(sys.modules)\n"
+    b"from agent.supervisor import main\n"
+    b"sys.exit(main(sys.argv, PYTHONS_OWN))\n"
+)
+"""The zipapp's entry: the agent package is ``agent`` inside it. It names the modules
+python3 had before the agent's first import (``zygote.Setup.pythons_own``)."""
 
 
 def agent_source_paths() -> list[Path]:

@@ -1395,9 +1395,12 @@ def settle_start(budget: float = 1.0) -> None:
         time.sleep(0.005)
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], pythons_own: frozenset[str] | None = None) -> int:
+    """The container's PID 1; ``pythons_own``: the modules python3 had imported before the
+    agent's first import (its entry's count), which no call's upload shadows."""
     from . import sessions
 
+    zygote.Setup.pythons_own = pythons_own
     try:
         loaded, failed = start(argv)
         settle_start()

@@ -123,8 +123,9 @@ class Setup:
     module_names: frozenset[str] = frozenset()
     """The names in ``sys.modules`` as the zygote starts serving: never a call's
     (``ModulesAtStart``)."""
-    pythons_own: frozenset[str] = frozenset()
-    """The modules python3 had imported as the agent started (set by ``__main__``)."""
+    pythons_own: frozenset[str] | None = None
+    """The modules python3 had imported as the agent started (the entry's count, given to
+    ``supervisor.main``); None: not known, and then no module is ``shadowable``."""
     shadowable: frozenset[str] = frozenset()
     """The modules the zygote holds that a python3 starting afresh would not (what the
     agent and the preloads imported, the agent's package aside): a call's upload of the
@@ -311,11 +312,12 @@ def serve(
         Setup.data_limit_spares_mmap = Setup.warm_child
         Setup.module_names = frozenset(sys.modules)
         package = __name__.rpartition(".")[0]
-        Setup.shadowable = frozenset(
-            name
-            for name in Setup.module_names - Setup.pythons_own
-            if name != package and not name.startswith(package + ".")
-        )
+        if Setup.pythons_own is not None:
+            Setup.shadowable = frozenset(
+                name
+                for name in Setup.module_names - Setup.pythons_own
+                if name != package and not name.startswith(package + ".")
+            )
         control.send(b"R" + json.dumps({"loaded": loaded, "failed": failed}).encode())
     except BaseException as exc:
         control.send(b"!" + f"{type(exc).__name__}: {exc}".encode(errors="replace")[:4000])
