@@ -676,7 +676,10 @@ class DockerBackend(Backend):
             await self.destroy_session_container(container)
         while self._session_ends:  # (one may be added while the others are awaited)
             ends, self._session_ends = self._session_ends, set()
-            await asyncio.gather(*ends)
+            # One begun on another loop (a backend driven from several) cannot be awaited
+            # here: the pool's close removes its container by label all the same.
+            here = asyncio.get_running_loop()
+            await asyncio.gather(*(end for end in ends if end.get_loop() is here))
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()
