@@ -206,7 +206,10 @@ def _compile_auto_printed() -> str:
 # runs (the host sends it when the cell's time is up).
 _NOTEBOOK = (
     "def _retool_notebook(fd, cap):\n"
-    "    import ast, json, os, resource, signal, socket, sys, traceback\n"
+    "    import sys\n"  # the driver's modules, never a call's upload of their names:
+    "    path, sys.path[:] = sys.path[:], [entry for entry in sys.path if entry != '']\n"
+    "    import ast, json, os, resource, signal, socket, traceback\n"
+    "    sys.path[:] = path\n"
     "    resource.setrlimit(resource.RLIMIT_CPU, ({cpu}, {cpu}))\n"
     "    {stack}\n"
     "    main = globals()\n"

@@ -1406,6 +1406,17 @@ class TestBackendContract:
         assert [cell.stdout for cell in result.cells] == ["first\n", "second\n"]
         assert [cell.finished for cell in result.cells] == [True, False]
 
+    def test_cells_import_an_uploaded_module_over_a_preloaded_one(self, sandbox: Sandbox) -> None:
+        """As a plain call does (finding 77): the notebook's ``random.py`` is imported."""
+        result = run_cells(
+            sandbox,
+            "import random",
+            "print(random.MARK)",
+            files={"random.py": b"MARK = 'module'\n", "ast.py": b"raise SystemExit(9)\n"},
+        )
+        assert [cell.error for cell in result.cells] == [[], []], result
+        assert result.cells[1].stdout == "module\n", result
+
     def test_cells_see_uploaded_files_and_their_files_are_fetched(self, sandbox: Sandbox) -> None:
         result = run_cells(
             sandbox,

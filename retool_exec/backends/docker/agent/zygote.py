@@ -498,7 +498,9 @@ def child_main(events_w: int, request_r: int, out_w: int, err_w: int, started_w:
             identity._libc.prctl(identity.PR_SET_DUMPABLE, 0, 0, 0, 0)
             status = run_session(request_sock)
         elif request.get("cells"):
-            status = run_cells(request_sock, int(request["cells"]))
+            status = run_cells(
+                request_sock, int(request["cells"]), shadowing=request.get("shadowing")
+            )
         else:
             script = request.get("script")
             status = run_user_code(
@@ -962,8 +964,8 @@ def forget_shadowed_preloads(names: object) -> None:
     under python3 (thirty-first round). The preloaded modules that imported it keep their
     own reference, as the agent's modules do (none imports after the code starts; the
     standard ``ast`` that ``auto_print`` needs is imported apart from the working
-    directory). Only uploads, in plain calls: a file the code writes itself and then
-    imports, or a notebook's upload, is not seen (docs/security.md)."""
+    directory). Only uploads, in plain calls and notebooks: a file the code writes itself
+    and then imports is not seen (docs/server.md)."""
     if not isinstance(names, list):
         return
     for name in names:
@@ -1699,12 +1701,15 @@ class _RaisesWhenFinalized:
         raise RuntimeError("a report made on purpose")
 
 
-def run_cells(request_sock: socket.socket, count: int) -> int:
+def run_cells(request_sock: socket.socket, count: int, *, shadowing: object = None) -> int:
     """Notebook mode: each cell arrives with fresh stdout/stderr pipes, after the last one ended.
 
     The supervisor sends cell ``k + 1`` only once this process reported cell
-    ``k`` ended; each cell's output lands in its own pipes.
+    ``k`` ended; each cell's output lands in its own pipes. Uploads shadow imported
+    modules as in a plain call (its cells are parsed by ``stdlib_ast``, never an upload).
     """
+    if shadowing:
+        forget_shadowed_preloads(shadowing)
     gc.freeze()  # what exists now is the agent's: the end's collection visits the calls' only
     before = ModulesAtStart()  # the call's own modules are finalized at its end
     namespace = _fresh_main()
