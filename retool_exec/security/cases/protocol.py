@@ -12,12 +12,14 @@ it (tracing, signals) are not run there, and those about frames do not apply.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 
 import retool_exec
 from retool_exec._models import Outcome
 from retool_exec.security.model import (
+    CallInputs,
     Case,
     CaseClass,
     Expect,
@@ -108,6 +110,61 @@ def _nothing_left(obs: Observation) -> bool:
     if obs.follow is None or not obs.follow.ok:
         return False
     return [state for _, state in obs.follow_facts()["alive"] if state != "Z"] == []
+
+
+SHADOW_IMPORTS = ("json", "traceback", "struct", "base64", "numpy")
+"""Uploads the code imports: python3 imports none of them before the code, so it gets the
+uploads (the zygote has imported every one)."""
+SHADOW_UPLOADS = (
+    *SHADOW_IMPORTS,
+    *("select", "selectors", "signal", "hmac", "secrets", "socket", "io", "codecs", "abc"),
+    *("wire", "zygote", "supervisor", "reset", "identity", "forking", "sessions", "trees"),
+    *("result_fit", "auto_print", "light_calls", "generators", "sitecustomize"),
+)
+"""Modules named like what the agent itself imports (the standard ones, then its own)."""
+
+
+def _shadow_upload(name: str) -> tuple[str, str]:
+    path = f"{name}/__init__.py" if name == "numpy" else f"{name}.py"
+    return path, f"import sys\nsys.stderr.write('IMPORTED-{name}-__TOKEN__\\n')\n"
+
+
+IMPORT_UPLOADS = (
+    "import os, sys\n"
+    f"found = []\nfor name in {SHADOW_IMPORTS!r}:\n"
+    "    path = getattr(__import__(name), '__file__', None) or '/'\n"
+    "    if os.path.relpath(path).split(os.sep)[0] in (name + '.py', name):\n"
+    "        found.append(name)\n"
+    "print('UPLOADS', *found, flush=True)\n"
+    "1 / 0\n"
+)
+"""Imports its uploads (python3 gives it them, its working directory first on sys.path),
+then fails: the failure, and only the code's imports, are what the call shows."""
+
+SHADOWS_GONE = code("""
+    import base64, select, signal, struct, traceback
+    names = ("json", "traceback", "struct", "base64", "select", "signal")
+    found = {name: getattr(sys.modules[name], "__file__", None) or "/" for name in names}
+    here = sorted(n for n, path in found.items() if not os.path.relpath(path).startswith(".."))
+    report(uploaded=here, left=sorted(os.listdir(".")))
+""")
+
+
+def _uploads_the_codes_alone(obs: Observation) -> bool:
+    """The call is the code's failure, with the code's uploads and only its imports of
+    them; the next call has neither the modules nor the files."""
+    marks = re.findall(rf"IMPORTED-(\w+)-{obs.ctx.token}", obs.result.stderr)
+    follow = obs.follow
+    return (
+        obs.result.outcome is Outcome.ERROR
+        and obs.result.stdout == "UPLOADS " + " ".join(SHADOW_IMPORTS) + "\n"
+        and marks == list(SHADOW_IMPORTS)
+        and obs.result.stderr.rstrip().endswith("ZeroDivisionError: division by zero")
+        and follow is not None
+        and follow.outcome is Outcome.SUCCESS
+        and obs.ctx.token not in follow.stdout + follow.stderr
+        and obs.follow_facts() == {"uploaded": [], "left": []}
+    )
 
 
 CASES: tuple[Case, ...] = (
@@ -640,5 +697,23 @@ CASES: tuple[Case, ...] = (
         note="Refused with EPERM by the filter each call's process adds to its zygote's "
         "(identity.parent_filter). The supervisor reaps every call's process, and a status "
         "recorded for a pid is forgotten when a new process with that pid is forked.",
+    ),
+    Case(
+        id="proto-uploads-named-like-the-agents-modules",
+        klass=CaseClass.PROTOCOL,
+        title="uploads named like the modules the agent runs on are the code's alone: the "
+        "call ends as the code's failure and the next call meets none of them",
+        code=IMPORT_UPLOADS,
+        raw=True,
+        inputs=CallInputs(files=dict(_shadow_upload(name) for name in SHADOW_UPLOADS)),
+        follow_up=SHADOWS_GONE,
+        contained=_uploads_the_codes_alone,
+        severity=Severity.MEDIUM,
+        reference="retool_exec red-team round of 2026-12-07 (thirty-first): the zygote's "
+        "modules hid uploads of their names, and taking them out for the code must not hand "
+        "them to the agent's own end of the call (json, traceback, its own modules)",
+        local=Expect.CONTAINED,
+        note="The agent binds what it needs when it is imported; the uploads a call shadows "
+        "are taken out of its own process's modules only (zygote.forget_shadowed_preloads).",
     ),
 )
