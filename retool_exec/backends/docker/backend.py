@@ -77,6 +77,8 @@ class CallProgress:
     cpu_when_late: tuple[float, float] | None = None
     """When the agent was ``LATE_PROBE`` seconds past the call's limit without an answer,
     and the container's CPU seconds then (``_note_cpu``)."""
+    cpu_noted = False
+    """Whether ``receive_noting_cpu`` took its one note (the probe may have found none)."""
 
 
 class DockerBackend(Backend):
@@ -442,22 +444,11 @@ class DockerBackend(Backend):
         deadline = progress.deadline = taken + request.timeout + self.config.host_grace
         start_deadline = min(deadline, sent + START_GRACE)
         late: float | None = None  # when to note the container's CPU (``_note_cpu``)
-        noted = False
         while True:
             until = deadline if progress.code_started else start_deadline
             if progress.ended is not None:
                 until = min(until, taken + request.timeout + RESULT_AFTER_LIMIT)
-            wake = until if late is None or noted else min(until, late)
-            try:
-                reply = await container.channel.receive(timeout=max(0.0, wake - time.monotonic()))
-            except TimeoutError:
-                # Only the note's wake goes on (a timeout leaves a frame half read where it
-                # was: the wait resumes); any other bound ends the wait, as before.
-                if late is None or noted or time.monotonic() >= until:
-                    raise
-                noted = True
-                await self._note_cpu(container, progress)
-                continue
+            reply = await self.receive_noting_cpu(container, progress, until=until, late=late)
             authentic = reply.get("id") == call_id and hmac.compare_digest(
                 str(reply.get("nonce")), container.nonce
             )
@@ -507,6 +498,31 @@ class DockerBackend(Backend):
         seconds = await self._factory.cpu_seconds(container.id)
         if seconds is not None:
             progress.cpu_when_late = (time.monotonic(), seconds)
+
+    async def receive_noting_cpu(
+        self,
+        container: SandboxContainer,
+        progress: CallProgress,
+        *,
+        until: float,
+        late: float | None,
+    ) -> dict[str, Any]:
+        """The agent's next frame, waited for until ``until`` (``time.monotonic()``; then
+        TimeoutError); if the agent is still silent at ``late``, the container's CPU is
+        noted there once per call (``_note_cpu``) and the wait goes on. A call's wait and a
+        session cell's share it."""
+        while True:
+            noting = late is not None and not progress.cpu_noted
+            wake = min(until, late) if noting and late is not None else until
+            try:
+                return await container.channel.receive(timeout=max(0.0, wake - time.monotonic()))
+            except TimeoutError:
+                # Only the note's wake goes on (a timeout leaves a frame half read where it
+                # was: the wait resumes); any other bound ends the wait.
+                if not noting or time.monotonic() >= until:
+                    raise
+                progress.cpu_noted = True
+                await self._note_cpu(container, progress)
 
     def _result(
         self, reply: dict[str, Any], started: float, waited: float, cell_chars: int

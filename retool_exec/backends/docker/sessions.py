@@ -124,27 +124,18 @@ class SessionFamily:
                 taken = time.monotonic()
                 deadline = taken + timeout
                 late = None if note_cpu_after is None else taken + note_cpu_after
-                while True:
-                    wake = deadline if late is None else min(deadline, late)
-                    try:
-                        reply = await container.channel.receive(
-                            timeout=max(0.0, wake - time.monotonic())
-                        )
-                    except TimeoutError:
-                        if late is None or time.monotonic() >= deadline:
-                            raise
-                        late = None  # noted once; the wait resumes where it was
-                        await self.backend._note_cpu(container, progress)
-                        continue
-                    authentic = reply.get("id") == call_id and hmac.compare_digest(
-                        str(reply.get("nonce")), container.nonce
-                    )
-                    if authentic and reply.get("type") == reply_type:
-                        self.backend.note_oom_kills(container, reply, oom_before)
-                        return reply
-                    if authentic and reply.get("type") == "error":
-                        raise ProtocolError(f"the agent failed: {str(reply.get('reason'))[:300]}")
-                    raise ProtocolError(f"unexpected frame from the agent: {reply.get('type')!r}")
+                reply = await self.backend.receive_noting_cpu(
+                    container, progress, until=deadline, late=late
+                )
+                authentic = reply.get("id") == call_id and hmac.compare_digest(
+                    str(reply.get("nonce")), container.nonce
+                )
+                if authentic and reply.get("type") == reply_type:
+                    self.backend.note_oom_kills(container, reply, oom_before)
+                    return reply
+                if authentic and reply.get("type") == "error":
+                    raise ProtocolError(f"the agent failed: {str(reply.get('reason'))[:300]}")
+                raise ProtocolError(f"unexpected frame from the agent: {reply.get('type')!r}")
             except (TimeoutError, ProtocolError) as exc:
                 if self.backend.closing:
                     self.lost = self.lost or "the sandbox was closed"

@@ -25,6 +25,7 @@ import stat
 import struct
 import time
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from . import wire
 from .trees import BudgetExceeded, empty_directory
@@ -163,20 +164,15 @@ def files_to_keep_open() -> tuple[str, ...]:
         *(f"{SYSVIPC_DIR}/{kind}" for kind in SYSVIPC_KINDS),
     )
     if os.path.exists(SOCKSTAT_FILES[0]):
-        cgroups = (path for kind, path, _keys, _unit in MEMORY_SOURCES if kind != "meminfo")
-        return (
-            *SOCKSTAT_FILES,
-            "/proc/net/unix",
-            *shared,
-            *cgroups,
-            CGROUP_V1_KERNEL,
-            *TASK_COUNTERS,
+        cgroups = (
+            path for source in MEMORY_SOURCES if source.kind != "meminfo" for path in source.files
         )
+        return (*SOCKSTAT_FILES, "/proc/net/unix", *shared, *cgroups, *TASK_COUNTERS)
     return (
         *(f"/proc/net/{table}" for table in NET_TABLES),
         "/proc/net/snmp",
         *shared,
-        *(path for _kind, path, _keys, _unit in MEMORY_SOURCES),
+        *(path for source in MEMORY_SOURCES for path in source.files),
     )
 
 
@@ -436,42 +432,62 @@ def _named_values(text: str, keys: Sequence[str]) -> dict[str, int]:
     return values
 
 
+class MemorySource(NamedTuple):
+    """A file of named memory counts ``held_memory`` sums (``keys``, in ``unit`` bytes),
+    and files of one count in bytes added to them where the kernel has them."""
+
+    kind: str
+    path: str
+    keys: tuple[str, ...]
+    unit: int
+    counters: tuple[str, ...] = ()
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        return (self.path, *self.counters)
+
+
 MEMORY_SOURCES = (
-    ("cgroup2", "/sys/fs/cgroup/memory.stat", CGROUP_V2_KEYS, 1),
-    ("cgroup1", "/sys/fs/cgroup/memory/memory.stat", CGROUP_V1_KEYS, 1),
-    ("meminfo", "/proc/meminfo", MEMINFO_KEYS, 1024),
+    MemorySource("cgroup2", "/sys/fs/cgroup/memory.stat", CGROUP_V2_KEYS, 1),
+    MemorySource(
+        "cgroup1", "/sys/fs/cgroup/memory/memory.stat", CGROUP_V1_KEYS, 1, (CGROUP_V1_KERNEL,)
+    ),
+    MemorySource("meminfo", "/proc/meminfo", MEMINFO_KEYS, 1024),
 )
 """Where ``held_memory`` reads: the container's cgroup (v2 or v1) under runc; under gVisor
 its own ``/proc/meminfo``, which describes the sandbox, not the host (in kB)."""
 
 
 class _MemorySource:
-    found: tuple[str, str, tuple[str, ...], int] | None = None
+    found: MemorySource | None = None
     """The first of ``MEMORY_SOURCES`` that could be read, kept from the baseline on:
     the sources that fail are not tried again at every reset."""
 
 
 def held_memory() -> tuple[str, int] | None:
     """Bytes no process should hold once a call is gone: anonymous + shared (+ sockets),
-    and the kernel's own memory charged to the container (``CGROUP_V1_KERNEL``)."""
-    source = _MemorySource.found
-    candidates = MEMORY_SOURCES if source is None else (source,)
-    for kind, path, keys, unit in candidates:
-        if source is None and kind == "meminfo" and not _in_gvisor():
+    and the kernel's own memory charged to the container (v2's slab keys, v1's
+    ``CGROUP_V1_KERNEL``)."""
+    found = _MemorySource.found
+    for source in MEMORY_SOURCES if found is None else (found,):
+        if found is None and source.kind == "meminfo" and not _in_gvisor():
             continue  # (looked at once: a source found stays)
         try:
-            values = _named_values(read_text(path), keys)
+            values = _named_values(read_text(source.path), source.keys)
         except (OSError, ValueError, IndexError):
             continue
-        _MemorySource.found = (kind, path, keys, unit)
-        held = unit * sum(values.values())
-        if kind == "cgroup1":
-            try:
-                held += int(read_text(CGROUP_V1_KERNEL).split()[0])
-            except (OSError, ValueError, IndexError):
-                pass  # kernel memory not accounted in this kernel: as before
-        return kind, held
+        _MemorySource.found = source
+        held = source.unit * sum(values.values())
+        return source.kind, held + sum(_count_in(path) for path in source.counters)
     return None
+
+
+def _count_in(path: str) -> int:
+    """A file of one count in bytes; 0 where this kernel does not keep it (as before)."""
+    try:
+        return int(read_text(path).split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _in_gvisor() -> bool:
