@@ -660,10 +660,12 @@ def stdin_over_file_limit(encoded: object) -> str | None:
     )
 
 
-def write_uploads(files: list[list[str]]) -> str | None:
-    """Write the call's files (as the calls' uid, never following a link); why not, or None."""
+def write_uploads(files: list[list[str]]) -> tuple[list[str], str | None]:
+    """Write the call's files (as the calls' uid, never following a link): the paths
+    written (``wire.check_relative_path``'s form), and why not all of them, or None."""
+    written: list[str] = []
     if not files:
-        return None
+        return written, None
     with identity.acting_as(State.sandbox, State.agent):
         root = os.open(wire.WORKDIR, _DIR_FLAGS)
         try:
@@ -680,12 +682,14 @@ def write_uploads(files: list[list[str]]) -> str | None:
                         os.close(fd)
                 finally:
                     os.close(parent)
+                written.append(path)
         except (OSError, ValueError) as exc:
             where = getattr(exc, "filename", None) or ""
-            return f"could not write the call's files: {exc.__class__.__name__}: {exc} {where}"
+            why = f"could not write the call's files: {exc.__class__.__name__}: {exc} {where}"
+            return written, why
         finally:
             os.close(root)
-    return None
+    return written, None
 
 
 def read_fetched(paths: list[str], cap: int) -> tuple[dict[str, str], dict[str, str]]:
@@ -752,9 +756,10 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
     cells = [str(cell) for cell in request.get("cells") or []]
     cell_timeout = request.get("cell_timeout")
 
-    setup_error = stdin_over_file_limit(request.get("stdin")) or write_uploads(
-        request.get("files") or []
-    )
+    uploaded: list[str] = []
+    setup_error = stdin_over_file_limit(request.get("stdin"))
+    if setup_error is None:
+        uploaded, setup_error = write_uploads(request.get("files") or [])
     if setup_error is not None:
         child.close()  # the spare never gets its request: it ends, and the reset reaps it
         return {
@@ -782,9 +787,8 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
         "script": request.get("script"),
         "auto_print": request.get("auto_print") is True,
     }
-    uploads = request.get("files")
-    if uploads:  # (written above: each item a [path, data] pair)
-        to_child["shadowing"] = zygote.importable_names([str(item[0]) for item in uploads])
+    if uploaded:
+        to_child["shadowing"] = zygote.importable_names(uploaded)
     child.request.sendall(wire.encode_for_call(to_child))
 
     events = wire.FrameDecoder(max_frame=wire.EVENT_FRAME_LIMIT)

@@ -937,13 +937,13 @@ def _std_streams() -> None:
 
 
 def importable_names(paths: list[str]) -> list[str]:
-    """The top-level modules that uploads at ``paths`` make importable from the working
-    directory (``name.py``, ``name.so``, ... or ``name/__init__.py``), for
-    ``forget_shadowed_preloads``."""
+    """The top-level modules that uploads at ``paths`` (as ``wire.check_relative_path``
+    gives them) make importable from the working directory (``name.py``, ``name.so``, ...
+    or ``name/__init__.py``), for ``forget_shadowed_preloads``."""
     suffixes = importlib.machinery.all_suffixes()
     names = set()
     for path in paths:
-        parts = [part for part in path.split("/") if part not in ("", ".")]
+        parts = path.split("/")
         if len(parts) == 1:
             for suffix in suffixes:
                 if parts[0].endswith(suffix):
