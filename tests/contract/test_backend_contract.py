@@ -354,6 +354,25 @@ class TestBackendContract:
         assert (past.outcome, past.stdout) == (Outcome.ERROR, ""), past
         assert past.stderr.endswith("\nMemoryError\n"), past.stderr
 
+    def test_an_allocation_past_the_machines_memory_is_a_memory_error(
+        self, sandbox: Sandbox, backend_id: str
+    ) -> None:
+        """Without ``memory_mb`` too: Linux refuses an allocation larger than the machine's
+        memory, and python3 raises ``MemoryError``; gVisor's kernel mapped any size, so
+        code catching it was the container's ``oom`` there (thirty-second red-team round)."""
+        with open("/proc/sys/vm/overcommit_memory") as mode:
+            if mode.read().strip() == "1" and backend_id != "docker-runsc":
+                pytest.skip("this kernel overcommits always: python3 gets the memory here")
+        code = (
+            "for size in (1 << 40, 10**11):\n"
+            "    try:\n"
+            "        block = bytearray(size) if size == 1 << 40 else [0] * size\n"
+            "    except MemoryError:\n"
+            "        print('refused')\n"
+        )
+        result = run_request(sandbox, RunRequest(code=code, timeout=20))
+        assert (result.outcome, result.stdout) == (Outcome.SUCCESS, "refused\nrefused\n"), result
+
     def test_threads_run_under_memory_mb_as_they_do_under_runc(self, sandbox: Sandbox) -> None:
         """gVisor's address-space limit counted the 64 MiB glibc reserves for each thread's
         malloc arena: sixteen threads that run in 0.3 s under runc failed to start, or

@@ -117,7 +117,7 @@ class DockerBackend(Backend):
             choice = await asyncio.to_thread(self._resolve_image, client)
             self.image = choice.tag
             await asyncio.to_thread(_remove_orphans, client)
-            self._check_runtime(client)
+            machine_memory = await asyncio.to_thread(self._check_runtime, client)
         except BaseException:
             client.close()
             raise
@@ -127,6 +127,7 @@ class DockerBackend(Backend):
             choice.tag,
             send_agent=choice.send_agent,
             image_path=choice.image_path,
+            machine_memory=machine_memory,
         )
         pool = WarmPool(
             factory,
@@ -182,15 +183,21 @@ class DockerBackend(Backend):
                 raise ImageError(f"could not build the sandbox image {tag!r}: {exc}") from exc
         return image_inputs.image_choice(tag, attrs)
 
-    def _check_runtime(self, client: docker.DockerClient) -> None:
+    def _check_runtime(self, client: docker.DockerClient) -> int | None:
+        """Refuse a runtime Docker lacks. With one (gVisor), the bytes of memory of the
+        machine Docker runs on (``MemTotal``), the most one allocation gets there as under
+        runc (``hardening.agent_arguments``); runc's own kernel needs no telling."""
         if not self.config.runtime:
-            return
-        runtimes = retry_docker(client.info).get("Runtimes", {})
+            return None
+        info = retry_docker(client.info)
+        runtimes = info.get("Runtimes", {})
         if self.config.runtime not in runtimes:
             raise BackendUnavailableError(
                 f"Docker has no runtime {self.config.runtime!r} (it has: {', '.join(runtimes)}); "
                 "install gVisor and register it in /etc/docker/daemon.json"
             )
+        memory = info.get("MemTotal")
+        return memory if isinstance(memory, int) and memory > 0 else None
 
     @property
     def runs_on_any_loop(self) -> bool:

@@ -224,6 +224,7 @@ class ContainerFactory:
         *,
         send_agent: bytes | None = None,
         image_path: str | None = None,
+        machine_memory: int | None = None,
     ) -> None:
         self.client = client
         self.config = config
@@ -238,7 +239,12 @@ class ContainerFactory:
             LABEL_POLICY: config.policy,
         }
         self._spec = container_spec(
-            config, image=image, labels=self.labels, send_agent=send_agent, image_path=image_path
+            config,
+            image=image,
+            labels=self.labels,
+            send_agent=send_agent,
+            image_path=image_path,
+            machine_memory=machine_memory,
         )
         self._threads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="retool-docker")
         self._probes = ThreadPoolExecutor(max_workers=2, thread_name_prefix="retool-probe")

@@ -281,6 +281,7 @@ def agent_arguments(
     many_calls: bool = True,
     light_zygote: bool = False,
     ip: bool = True,
+    machine_memory: int | None = None,
 ) -> list[str]:
     """The agent's command line: who it becomes, who the calls become, what it imports.
 
@@ -288,7 +289,9 @@ def agent_arguments(
     its zygote then skips the huge-page collapse, which costs ~15-30 ms of CPU
     at start and saves ~1 ms per fork. ``light_zygote``: a second zygote for
     the calls that need nothing preloaded (``DockerConfig.light_zygote``).
-    ``ip``: ``DockerConfig.loopback_ip``.
+    ``ip``: ``DockerConfig.loopback_ip``. ``machine_memory``: the bytes of memory of
+    the machine Docker runs on, past which an allocation fails under gVisor as Linux
+    fails it under runc (``zygote._limit_overcommit``).
     """
     arguments = [
         "--agent-user", AGENT_USER,
@@ -303,6 +306,8 @@ def agent_arguments(
         arguments += ["--light-zygote", "yes"]
     if not ip:
         arguments += ["--ip", "no"]
+    if machine_memory:
+        arguments += ["--machine-memory-mb", str(machine_memory >> 20)]
     return arguments
 
 
@@ -323,12 +328,14 @@ def container_spec(
     labels: Mapping[str, str],
     send_agent: bytes | None = None,
     image_path: str | None = None,
+    machine_memory: int | None = None,
 ) -> ContainerSpec:
     """The hardened container for ``config``; the only place container options are decided.
 
     ``send_agent``: the image does not hold this agent, so the container starts the
     bootstrap (``bootstrap.py``) and the host sends this zipapp in first; ``image_path``
-    is then the image's own ``PATH`` (where its ``python3`` is).
+    is then the image's own ``PATH`` (where its ``python3`` is). ``machine_memory``:
+    see ``agent_arguments``.
     """
     mib = 1024 * 1024
     memory = config.memory_mb * mib
@@ -387,6 +394,7 @@ def container_spec(
             many_calls=config.policy != "fresh",
             light_zygote=config.light_zygote,
             ip=config.ip_allowed,
+            machine_memory=machine_memory,
         ),
         "user": CONTAINER_USER,
         "hostname": SANDBOX_HOSTNAME,

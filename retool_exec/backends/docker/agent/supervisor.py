@@ -1261,6 +1261,7 @@ def start(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     huge_pages = _yes_or_no(options, "huge-pages", "yes")
     light = _yes_or_no(options, "light-zygote", "no") and bool(modules)
     ip = _yes_or_no(options, "ip", "yes")
+    zygote.Setup.machine_memory = int(options.pop("machine-memory-mb", "0")) << 20
     if options:
         raise ValueError(f"unknown agent options: {sorted(options)}")
     if len({agent_user.uid, zygote_user.uid, sandbox_user.uid}) != 3:

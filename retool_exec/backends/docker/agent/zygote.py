@@ -138,6 +138,9 @@ class Setup:
     call's wall-clock timeout and the container's CPU share bound it."""
     data_limit_spares_mmap = False
     """Whether ``RLIMIT_DATA`` leaves ``mmap`` alone (gVisor): ``_limit_memory``."""
+    machine_memory = 0
+    """Bytes of memory of the machine Docker runs on (0: not told), the most one
+    allocation gets where nothing else bounds it: ``_limit_overcommit``."""
     generators: list[Any] = []  # noqa: RUF012 - found once, before the first fork
     """Every random generator the zygote holds (``generators.find``), reseeded before each fork."""
     agent_path: str | None = None
@@ -480,6 +483,8 @@ def child_main(events_w: int, request_r: int, out_w: int, err_w: int, started_w:
         memory_mb = request.get("memory_mb")
         if memory_mb:
             _limit_memory(int(memory_mb) * 1024 * 1024)
+        elif Setup.data_limit_spares_mmap and Setup.machine_memory:
+            _limit_overcommit(Setup.machine_memory)
         stack_mb = request.get("stack_mb")
         if stack_mb:
             _raise_soft(resource.RLIMIT_STACK, int(stack_mb) * 1024 * 1024)
@@ -671,9 +676,29 @@ def _limit_memory(limit: int) -> None:
     resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
     if Setup.data_limit_spares_mmap:
         identity._libc.mallopt(M_ARENA_MAX, 1)
-        size, data = _status_kilobytes(b"VmSize:", b"VmData:")
-        room = limit + (size - data) * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (room, room))
+        _limit_address_space(limit)
+
+
+def _limit_overcommit(machine_memory: int) -> None:
+    """Under gVisor without ``memory_mb``: an allocation past the machine's memory raises
+    ``MemoryError``, as Linux's overcommit heuristic makes it under runc.
+
+    Why: gVisor's kernel maps any size and fails only when the pages are used, so
+    ``bytearray(2**40)`` or ``[0] * 10**11`` was the container's ``oom`` (or a timeout)
+    and ``numpy.zeros(2**37)`` a success, where python3 raises ``MemoryError`` and
+    code that catches it goes on (thirty-second red-team round). The bound is on the
+    process's address space (``_limit_address_space``): glibc's thread arenas (64 MiB
+    each, 16 at most on two CPUs) and thread stacks fit far below a machine's memory,
+    so no arena setting is needed here."""
+    _limit_address_space(machine_memory)
+
+
+def _limit_address_space(limit: int) -> None:
+    """``RLIMIT_AS`` at ``limit`` plus what the process maps outside its data as it starts
+    (code, read-only data, its stack)."""
+    size, data = _status_kilobytes(b"VmSize:", b"VmData:")
+    room = limit + (size - data) * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (room, room))
 
 
 def _status_kilobytes(*fields: bytes) -> list[int]:
