@@ -597,6 +597,42 @@ def test_under_gvisor_fork_bombs_run_to_their_limit_are_their_own_timeouts() -> 
         assert sandbox.run_code("print(6 * 7)").stdout == "42\n"
 
 
+def test_a_spare_killed_while_it_waited_is_replaced_and_the_call_runs() -> None:
+    """The child forked ahead for the next call may be killed while it waits (it is the
+    OOM killer's first pick); the next call then runs in a fresh one, a success, where
+    handing it the request broke a pipe and made the call the sandbox's failure
+    (thirty-second red-team round). Killed here from the host (runc: its pid is ours),
+    the call sent at once (it meets a child still dying: run again in a fresh one) and
+    once the child is gone (the agent forks a fresh one before handing it the call)."""
+    require_docker()
+    config = DockerConfig(policy="reuse", pool_size=1, timeout=5, labels=LABELS)
+    client = docker.from_env()
+    try:
+        with Sandbox(config, max_workers=1) as sandbox:
+            uid = sandbox.run_code("import os; print(os.getuid())").stdout.strip()
+            [container_id] = pool_containers(sandbox)
+            for wait_until_gone in (False, True, False, True):
+                spares: list[int] = []
+                for _ in range(50):  # forked once the reset after a call found it clean
+                    rows = client.api.top(container_id, ps_args="-o pid,uid")["Processes"]
+                    spares = [int(pid) for pid, owner in rows if owner == uid]
+                    if spares:
+                        break
+                    time.sleep(0.1)
+                assert len(spares) == 1, spares
+                os.kill(spares[0], signal.SIGKILL)
+                while wait_until_gone and os.path.exists(f"/proc/{spares[0]}/stat"):
+                    with open(f"/proc/{spares[0]}/stat") as stat:
+                        if stat.read().rsplit(")", 1)[1].split()[0] == "Z":
+                            break
+                    time.sleep(0.01)
+                result = sandbox.run_code("print(6 * 7)")
+                assert (result.outcome, result.stdout) == (Outcome.SUCCESS, "42\n"), result
+            assert pool_containers(sandbox) == [container_id]  # the container was kept
+    finally:
+        client.close()
+
+
 @pytest.fixture()
 def stoppable() -> Iterator[tuple[Sandbox, int]]:
     """A warm reuse sandbox of one container (1 s calls, 2 s grace) and the host pid of

@@ -284,6 +284,18 @@ class DockerBackend(Backend):
                 pool.release(container)
             else:
                 pool.retire(container)
+            if (
+                reply.get("started") is False
+                and not reply.get("timed_out")
+                and not reply.get("setup_error")
+                and attempt < RETRIES_BEFORE_START
+                and time.monotonic() < progress.deadline
+            ):
+                # Its process ended before the code's first line (a child forked ahead
+                # and killed as it waited, thirty-second round): the code never ran, so
+                # it runs again in a fresh one, as a container failing before it would.
+                log.warning("retrying a call whose process ended before its code began")
+                continue
             try:
                 return self._result(reply, started, waited, self._cell_chars(request))
             except (ProtocolError, ValueError) as exc:
@@ -487,25 +499,6 @@ class DockerBackend(Backend):
                 raise ProtocolError(f"the agent failed: {str(reply.get('reason'))[:300]}")
             raise ProtocolError(f"unauthenticated frame from the agent: {reply.get('type')!r}")
 
-    async def _note_cpu(self, container: SandboxContainer, progress: CallProgress) -> None:
-        """Note the container's CPU seconds now (``LATE_PROBE`` past the call's limit, the
-        agent silent): what ``held_up_by_its_call`` measures a silent agent's container
-        against.
-
-        Why a window that long: one sample of 0.1 s read a container starved by eleven
-        other fork bombs as idle, and the call was the sandbox's failure (thirtieth
-        round); charging the silence to any call whose code had started charged a host's
-        stall after the code had ended to the code (the round's review). Over the rest of
-        the grace (1.5 s by default), a call that keeps its container busy shows, and an
-        agent stalled from outside leaves it idle. Taken only for calls still running
-        then; the agent answers the others (nearly every timeout) first. Noted in the
-        call's own wait, not a task of its own: a task outlived a loop dropped under its
-        call."""
-        assert self._factory is not None
-        seconds = await self._factory.cpu_seconds(container.id)
-        if seconds is not None:
-            progress.cpu_when_late = (time.monotonic(), seconds)
-
     async def receive_noting_cpu(
         self,
         container: SandboxContainer,
@@ -530,6 +523,25 @@ class DockerBackend(Backend):
                     raise
                 progress.cpu_noted = True
                 await self._note_cpu(container, progress)
+
+    async def _note_cpu(self, container: SandboxContainer, progress: CallProgress) -> None:
+        """Note the container's CPU seconds now (``LATE_PROBE`` past the call's limit, the
+        agent silent): what ``held_up_by_its_call`` measures a silent agent's container
+        against.
+
+        Why a window that long: one sample of 0.1 s read a container starved by eleven
+        other fork bombs as idle, and the call was the sandbox's failure (thirtieth
+        round); charging the silence to any call whose code had started charged a host's
+        stall after the code had ended to the code (the round's review). Over the rest of
+        the grace (1.5 s by default), a call that keeps its container busy shows, and an
+        agent stalled from outside leaves it idle. Taken only for calls still running
+        then; the agent answers the others (nearly every timeout) first. Noted in the
+        call's own wait, not a task of its own: a task outlived a loop dropped under its
+        call."""
+        assert self._factory is not None
+        seconds = await self._factory.cpu_seconds(container.id)
+        if seconds is not None:
+            progress.cpu_when_late = (time.monotonic(), seconds)
 
     def _result(
         self, reply: dict[str, Any], started: float, waited: float, cell_chars: int
