@@ -406,6 +406,33 @@ class TestBackendContract:
         result = run_request(sandbox, request)
         assert (result.outcome, result.stdout) == (Outcome.SUCCESS, "-1\n"), result.detail
 
+    def test_recursion_goes_as_deep_as_under_python3(
+        self, sandbox: Sandbox, backend_id: str
+    ) -> None:
+        """The code's module frame is at depth one, as under ``python3 -c``: a recursion
+        of 998 passes, the deepest reaches ``limit - 1`` (also after the code sets the
+        limit), and the traceback counts its repeated lines as python3 does. The agent's
+        own frames took 12 of them (thirty-second red-team round)."""
+        if backend_id == "local":
+            pytest.skip("the local backend's bootstrap frames count (docs/server.md)")
+        code = (
+            "import sys\n"
+            "def deepest(n):\n"
+            "    try:\n"
+            "        return deepest(n + 1)\n"
+            "    except RecursionError:\n"
+            "        return n\n"
+            "def down(n):\n"
+            "    return 0 if n == 0 else down(n - 1) + 1\n"
+            "print(deepest(1), down(998), sys.getrecursionlimit())\n"
+            "sys.setrecursionlimit(200)\n"
+            "print(deepest(1), sys.getrecursionlimit())\n"
+            "down(500)\n"
+        )
+        result = sandbox.run_code(code)
+        assert result.stdout == "999 998 1000\n199 200\n", result
+        assert "[Previous line repeated 196 more times]" in result.stderr, result.stderr
+
     def test_calls_are_stateless(self, sandbox: Sandbox) -> None:
         assert sandbox.run_code("x = 5\nprint(x)").stdout == "5\n"
         result = sandbox.run_code("print(x)")

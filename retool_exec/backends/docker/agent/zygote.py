@@ -51,7 +51,7 @@ from collections.abc import Callable, Iterable
 from importlib.machinery import BuiltinImporter
 from typing import Any
 
-from . import forking, generators, identity, reset, trees, wire
+from . import forking, generators, identity, recursion, reset, trees, wire
 from .auto_print import compile_auto_printed, stdlib_ast
 
 # A call's process runs the agent's Python again after the code (its end; between cells),
@@ -138,6 +138,9 @@ class Setup:
     call's wall-clock timeout and the container's CPU share bound it."""
     data_limit_spares_mmap = False
     """Whether ``RLIMIT_DATA`` leaves ``mmap`` alone (gVisor): ``_limit_memory``."""
+    recursion: recursion.Counter | None = None
+    """The thread's depth count, set for the code as ``python3 -c`` starts it
+    (``recursion.find``; None: the agent's frames count against the code's limit)."""
     machine_memory = 0
     """Bytes of memory of the machine Docker runs on (0: not told), the most one
     allocation gets where nothing else bounds it: ``_limit_overcommit``."""
@@ -309,6 +312,7 @@ def serve(
         Setup.unraisable_args = _unraisable_args_type()
         warm_zygote()
         Setup.generators = generators.find()
+        Setup.recursion = recursion.find(_exec_code)
         forking.choose(registered)
         Setup.warm_child = reset._in_gvisor()
         Setup.cpu_time_limited = not Setup.warm_child
@@ -1017,6 +1021,10 @@ def _fresh_main(script_path: str | None = None) -> dict[str, Any]:
     return main.__dict__
 
 
+def _exec_code(code: Any, namespace: dict[str, Any]) -> None:
+    exec(code, namespace)
+
+
 def run_user_code(
     source: str, script: str | None = None, *, auto_print: bool = False, shadowing: object = None
 ) -> int:
@@ -1039,7 +1047,10 @@ def run_user_code(
         else:
             code = compile(source, "<sandbox>", "exec", dont_inherit=True)
         try:
-            exec(code, namespace)
+            if Setup.recursion is None:
+                exec(code, namespace)
+            else:  # (the shape ``recursion.find`` calibrated)
+                Setup.recursion.run(_exec_code, code, namespace)
         finally:  # the first thing after the code: its hooks off (see ``CodeHooks``)
             trace, profile = _get_trace(), _get_profile()
             try:
