@@ -292,22 +292,24 @@ _WRITABLE_NODES = """
         return sorted(found)
 """
 
-_SETUP_BEFORE_TICKS, _SETUP_AFTER_TICKS = 1000, 200
-"""How long (10 ms ticks) before and after its first process started a container's set-up
-stamps its own inodes: `docker create` writes its /etc files, runc its /dev and mounts."""
+DOCKER_INIT_LAYER = frozenset(
+    {"/.dockerenv", "/etc/hostname", "/etc/hosts", "/etc/mtab", "/etc/resolv.conf"}
+)
+"""Files Docker writes into each container's own init layer when it creates it (its
+``initlayer``; ``/dev``, ``/proc`` and ``/sys`` are mount points there)."""
 
 _THIS_CONTAINER = """
     def this_container():
-        \"\"\"Which container this is (its /dev, boot and first process; two calls in one
-        container agree) and when its first process started (10 ms ticks of wall time).\"\"\"
-        with open("/proc/uptime") as handle:  # the kernel's (gVisor's: the sandbox's) boot
-            booted = time.time() - float(handle.read().split()[0])
+        \"\"\"Which container this is (its /dev, its boot, its first process's start: two
+        calls in one container agree) and the inodes it alone has: its /dev (a tmpfs of its
+        own) and its mount points (Docker's files for /etc/hosts and the like among them).\"\"\"
         with open("/proc/stat") as handle:
             boot = [line.split()[1] for line in handle if line.startswith("btime")]
         with open("/proc/1/stat") as handle:
-            first = int(handle.read().rsplit(")", 1)[1].split()[19])
-        started = int((booted + first / os.sysconf("SC_CLK_TCK")) * 100)
-        return {"id": [os.stat("/dev").st_dev, boot, first], "started": started}
+            first = handle.read().rsplit(")", 1)[1].split()[19]
+        with open("/proc/self/mountinfo") as handle:
+            mounts = sorted({line.split()[4] for line in handle})
+        return {"id": [os.stat("/dev").st_dev, boot, first], "mounts": mounts}
 """
 
 _READABLE_PLACES = """
@@ -348,10 +350,11 @@ _READABLE_PLACES = """
 def _read_times_kept(obs: Observation) -> bool:
     """Contained: no access time the next call sees falls within call N's reads.
 
-    When the next call runs in another container (``fresh``), times around that
-    container's start are its own set-up's (Docker writes its /etc files when it creates
-    it and stamps its /dev nodes and mount points as it starts it), and the pool may have
-    started it while call N read. Those are excused; nothing is in the same container.
+    When the next call runs in another container (``fresh``: the pool may have started
+    it while call N read), the times of the inodes that container alone has are its own
+    set-up's (Docker makes its init layer as it creates it, runc its /dev and mount
+    points as it starts it), so they are not counted; those it may share with call N's
+    container (the image's files) are.
     """
     if obs.follow is None or not (obs.result.ok and obs.follow.ok):
         return False
@@ -360,13 +363,15 @@ def _read_times_kept(obs: Observation) -> bool:
         raise ValueError("call N read nothing")
     start, end = window["start"] // 10**7, window["end"] // 10**7
     theirs = follow["container"]
+    ticks = follow["ticks"]
     if theirs["id"] != window["container"]["id"]:
-        setup = range(
-            theirs["started"] - _SETUP_BEFORE_TICKS, theirs["started"] + _SETUP_AFTER_TICKS
-        )
-    else:
-        setup = range(0)
-    return not [tick for tick in follow["ticks"] if start <= tick <= end and tick not in setup]
+        own = set(theirs["mounts"]) | DOCKER_INIT_LAYER
+        ticks = {
+            path: tick
+            for path, tick in ticks.items()
+            if not (path == "/dev" or path.startswith("/dev/") or path in own)
+        }
+    return not [tick for tick in ticks.values() if start <= tick <= end]
 
 
 _NETLINK_TOOLS = """
@@ -917,7 +922,7 @@ CASES: tuple[Case, ...] = (
             + """
     recent = time.time_ns() // 10**7 - 60_000  # every time of the last 10 minutes
     report(
-        ticks=sorted(tick for tick in set(readable_places().values()) if tick > recent),
+        ticks={path: tick for path, tick in readable_places().items() if tick > recent},
         container=this_container(),
     )
 """
