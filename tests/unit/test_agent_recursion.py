@@ -14,8 +14,12 @@ from retool_exec.backends.docker.agent import recursion
 DEEPEST = compile(recursion.PROBE, "<probe>", "exec")
 
 
-def _exec_code(code: Any, namespace: dict[str, Any]) -> None:
-    exec(code, namespace)
+def _run(counter: recursion.Counter, code: Any, namespace: dict[str, Any]) -> None:
+    counter.enter()
+    try:
+        exec(code, namespace)
+    finally:
+        counter.leave()
 
 
 def _from_depth(frames: int, then: Callable[[], Any]) -> Any:
@@ -25,15 +29,15 @@ def _from_depth(frames: int, then: Callable[[], Any]) -> Any:
 def _reached(counter: recursion.Counter | None) -> int:
     namespace: dict[str, Any] = {}
     if counter is None:
-        _exec_code(DEEPEST, namespace)
+        exec(DEEPEST, namespace)
     else:
-        counter.run(_exec_code, DEEPEST, namespace)
+        _run(counter, DEEPEST, namespace)
     return int(namespace["reached"])
 
 
 @pytest.mark.parametrize("depth", [0, 25])
 def test_the_code_recurses_as_deep_as_under_python3_from_any_depth(depth: int) -> None:
-    counter = _from_depth(7, lambda: recursion.find(_exec_code))
+    counter = _from_depth(7, lambda: recursion.find(_run))
     assert counter is not None
     limit = sys.getrecursionlimit()
     assert _from_depth(depth, lambda: _reached(None)) < limit - 1 - depth  # as before
@@ -45,4 +49,4 @@ def test_a_count_that_cannot_be_found_leaves_the_interpreter_alone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(recursion, "SCANNED_INTS", 0)
-    assert recursion.find(_exec_code) is None
+    assert recursion.find(_run) is None

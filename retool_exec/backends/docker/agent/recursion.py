@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -29,12 +30,13 @@ SCANNED_INTS = 64
 """How many C ints of the thread state are looked through (the count is among the
 first dozen fields in every CPython from 3.9 to 3.13)."""
 
-SETTLING_PROBES, CHECKING_PROBES = 12, 3
-"""Probes run before the count is calibrated, and after: CPython specializes a call site
-after some runs (3.11+), and a call through one not yet specialized counts one more
-(the first probe reached 997, the next ones 998). The calls' processes are forks of
-the zygote, so each runs the agent's frames as calibration left them, settled.
-Together ~10 ms, once, at the zygote's start."""
+SETTLING_PROBES, CHECKING_PROBES = 4, 3
+"""Probes run before the count is calibrated, and after. CPython specializes a
+function's calls once it has run a few times (3.11+), and a call not yet specialized
+counts one more (a probe reached 997 at first, 998 later). The agent's function that
+runs a call's code runs once in each call's process, never specialized, so every
+probe is run by a fresh copy of the runner, as cold; the settling probes warm the rest
+(``Counter.enter``, the probe's compilation). A few ms, once, at the zygote's start."""
 
 PROBE = """
 def deepest(n):
@@ -56,22 +58,22 @@ class Counter:
         """True where the count is of the calls left (3.11+), false where of the depth."""
         self.offset = 0
         """Set by calibration: what the value at depth zero must be moved by."""
+        self.kept = 0
+        """The count as ``enter`` found it."""
 
     def start_value(self) -> int:
         """The value the count has in python3 -c just before the module frame is entered."""
         return (sys.getrecursionlimit() if self.falls else 0) + self.offset
 
-    def run(
-        self, execute: Callable[[Any, dict[str, Any]], None], code: Any, namespace: dict[str, Any]
-    ) -> None:
-        """``execute(code, namespace)`` with the count set as for a module at the top; put
-        back after."""
-        kept = self.cell.value
+    def enter(self) -> None:
+        """Set the count as for a module at the top (the caller then calls ``exec``)."""
+        self.kept = self.cell.value
         self.cell.value = self.start_value()
-        try:
-            execute(code, namespace)
-        finally:
-            self.cell.value = kept
+
+    def leave(self) -> None:
+        """Put the count back (once the code's trace and profile functions are off: a
+        frame of the agent's between the code's end and them would be theirs to see)."""
+        self.cell.value = self.kept
 
 
 def _thread_ints(base: int) -> list[int]:
@@ -96,16 +98,23 @@ def _locate(base: int) -> Counter | None:
     return found[0] if len(found) == 1 else None
 
 
-def _probe(counter: Counter, execute: Callable[[Any, dict[str, Any]], None]) -> int:
+Runner = Callable[[Counter, Any, dict[str, Any]], None]
+"""``run(counter, code, globals)``: ``counter.enter()``, ``exec(code, globals)`` in the
+same frame, ``counter.leave()``, as the agent runs a call's code."""
+
+
+def _probe(counter: Counter, run: Runner) -> int:
+    """How deep ``PROBE`` reaches run by a fresh copy of ``run`` (see ``SETTLING_PROBES``)."""
     namespace: dict[str, Any] = {}
     code = compile(PROBE, "<recursion-probe>", "exec", dont_inherit=True)
-    counter.run(execute, code, namespace)
+    cold = types.FunctionType(run.__code__.replace(), run.__globals__, run.__name__)
+    cold(counter, code, namespace)
     return int(namespace["reached"])
 
 
-def find(execute: Callable[[Any, dict[str, Any]], None]) -> Counter | None:
-    """The main thread's depth count, calibrated for code run by ``execute(code, globals)``
-    from the function that will run the calls' code; None when it cannot be trusted."""
+def find(run: Runner) -> Counter | None:
+    """The main thread's depth count, calibrated for code run by ``run``, shaped as the
+    agent runs the calls' code; None when it cannot be trusted."""
     try:
         get_state = ctypes.pythonapi.PyThreadState_Get
         get_state.restype = ctypes.c_void_p
@@ -116,10 +125,10 @@ def find(execute: Callable[[Any, dict[str, Any]], None]) -> Counter | None:
         if counter is None:
             return None
         for _ in range(SETTLING_PROBES):
-            reached = _probe(counter, execute)
+            reached = _probe(counter, run)
         wanted = sys.getrecursionlimit() - 1
         counter.offset = (wanted - reached) * (1 if counter.falls else -1)
-        if any(_probe(counter, execute) != wanted for _ in range(CHECKING_PROBES)):
+        if any(_probe(counter, run) != wanted for _ in range(CHECKING_PROBES)):
             return None
         return counter
     except Exception:

@@ -312,7 +312,7 @@ def serve(
         Setup.unraisable_args = _unraisable_args_type()
         warm_zygote()
         Setup.generators = generators.find()
-        Setup.recursion = recursion.find(_exec_code)
+        Setup.recursion = recursion.find(_run_probe)
         forking.choose(registered)
         Setup.warm_child = reset._in_gvisor()
         Setup.cpu_time_limited = not Setup.warm_child
@@ -1021,8 +1021,13 @@ def _fresh_main(script_path: str | None = None) -> dict[str, Any]:
     return main.__dict__
 
 
-def _exec_code(code: Any, namespace: dict[str, Any]) -> None:
-    exec(code, namespace)
+def _run_probe(counter: recursion.Counter, code: Any, namespace: dict[str, Any]) -> None:
+    """A recursion probe run as ``run_user_code`` runs the code (``recursion.find``)."""
+    counter.enter()
+    try:
+        exec(code, namespace)
+    finally:
+        counter.leave()
 
 
 def run_user_code(
@@ -1046,11 +1051,10 @@ def run_user_code(
             code = compile_auto_printed(source, "<sandbox>")
         else:
             code = compile(source, "<sandbox>", "exec", dont_inherit=True)
+        if Setup.recursion is not None:
+            Setup.recursion.enter()  # (the shape ``_run_probe`` calibrated)
         try:
-            if Setup.recursion is None:
-                exec(code, namespace)
-            else:  # (the shape ``recursion.find`` calibrated)
-                Setup.recursion.run(_exec_code, code, namespace)
+            exec(code, namespace)
         finally:  # the first thing after the code: its hooks off (see ``CodeHooks``)
             trace, profile = _get_trace(), _get_profile()
             try:
@@ -1063,6 +1067,8 @@ def run_user_code(
                     _set_trace(None)
             except BaseException:
                 pass
+            if Setup.recursion is not None:
+                Setup.recursion.leave()
     except SystemExit as exc:
         status = exit_status(exc)
     except BaseException as exc:
