@@ -717,8 +717,10 @@ def test_under_gvisor_fork_bombs_in_cells_are_their_own_timeouts_on_time() -> No
     2 s limit: their agents were silent past the grace and the cells came back as the
     sandbox's failure, 10-14 s after they began (the host waited 6 s for each container
     to stop, then for its removal; thirty-first round). Now each is its own ``timeout``
-    (or ``oom``), the session lost, by the deadline (the limit, the interrupt's 1 s,
-    the grace)."""
+    (or ``oom``) by the deadline (the limit, the interrupt's 1 s, the grace): the
+    session lost, or, when the interrupt reached the session's process in time, the
+    cell's ``KeyboardInterrupt`` with the session kept (as in IPython; seen once in a
+    CI run)."""
     require_docker()
     catch = "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass\n"
     config = DockerConfig(policy="reuse", pool_size=6, runtime="runsc", labels=LABELS)
@@ -739,7 +741,8 @@ def test_under_gvisor_fork_bombs_in_cells_are_their_own_timeouts_on_time() -> No
         sandbox.start()
         for result, took in asyncio.run(bombs(sandbox)):
             assert result.outcome in {Outcome.TIMEOUT, Outcome.OOM}, result
-            assert result.detail.startswith("session lost:"), result
+            interrupted = result.stderr.endswith("KeyboardInterrupt\n")
+            assert result.detail.startswith("session lost:") or interrupted, result
             assert took < 2 + 1 + 2.0 + 1.5, (took, result)
         assert sandbox.run_code("print(6 * 7)").stdout == "42\n"
 
