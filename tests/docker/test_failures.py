@@ -658,10 +658,15 @@ def test_an_agent_stopped_from_outside_before_the_code_ran_is_the_sandboxs_failu
     """The other side of the fork bombs' test: an agent that cannot answer while no code
     of the call runs (here stopped from the host; a wedged daemon or agent alike) leaves
     its container idle, and the call is ``sandbox_error``, not a timeout charged to code
-    that never ran (the review of the twenty-ninth round)."""
+    that never ran (the review of the twenty-ninth round). On a loaded host the hand-over
+    itself may time out first, and the call, whose code never began, is run again in a
+    replacement container: its right answer is as good (seen at load 55)."""
     sandbox, pid = stoppable
     os.kill(pid, signal.SIGSTOP)
     result = sandbox.run_code("print('never runs')")
+    if result.ok:
+        assert result.stdout == "never runs\n", result
+        return
     assert result.outcome is Outcome.SANDBOX_ERROR, result
     assert "its container idle" in (result.detail or ""), result
 

@@ -10,16 +10,9 @@ from typing import Any
 import pytest
 
 from retool_exec.backends.docker.agent import recursion
+from retool_exec.backends.docker.agent.zygote import _run_probe as _run
 
 DEEPEST = compile(recursion.PROBE, "<probe>", "exec")
-
-
-def _run(counter: recursion.Counter, code: Any, namespace: dict[str, Any]) -> None:
-    counter.enter()
-    try:
-        exec(code, namespace)
-    finally:
-        counter.leave()
 
 
 def _from_depth(frames: int, then: Callable[[], Any]) -> Any:

@@ -81,6 +81,13 @@ class CallProgress:
     """Whether ``receive_noting_cpu`` took its one note (the probe may have found none)."""
 
 
+def _may_run_again(attempt: int, progress: CallProgress, broken: bool = False) -> bool:
+    """Whether a call whose code provably never began runs again in a fresh container:
+    once, while its deadline is ahead (or however late, if its container's stream broke:
+    the call never had its chance). Not a second draw: the code never ran."""
+    return attempt < RETRIES_BEFORE_START and (broken or time.monotonic() < progress.deadline)
+
+
 class DockerBackend(Backend):
     """Hardened, warm Docker containers; see ``DockerConfig`` for the knobs."""
 
@@ -246,11 +253,11 @@ class DockerBackend(Backend):
                     )
                 finally:
                     pool.retire(container)
+                broken = isinstance(exc, ProtocolError)
                 if (
-                    (isinstance(exc, ProtocolError) or time.monotonic() < progress.deadline)
-                    and not progress.code_started
-                    and attempt < RETRIES_BEFORE_START
+                    not progress.code_started
                     and not oom
+                    and _may_run_again(attempt, progress, broken)
                 ):
                     # The code provably never ran (no "started" frame): run it elsewhere.
                     log.warning("retrying a call whose container failed before it began: %s", exc)
@@ -288,8 +295,7 @@ class DockerBackend(Backend):
                 reply.get("started") is False
                 and not reply.get("timed_out")
                 and not reply.get("setup_error")
-                and attempt < RETRIES_BEFORE_START
-                and time.monotonic() < progress.deadline
+                and _may_run_again(attempt, progress)
             ):
                 # Its process ended before the code's first line (a child forked ahead
                 # and killed as it waited, thirty-second round): the code never ran, so

@@ -291,7 +291,7 @@ def agent_arguments(
     the calls that need nothing preloaded (``DockerConfig.light_zygote``).
     ``ip``: ``DockerConfig.loopback_ip``. ``machine_memory``: the bytes of memory of
     the machine Docker runs on, past which an allocation fails under gVisor as Linux
-    fails it under runc (``zygote._limit_overcommit``).
+    fails it under runc (``zygote.child_main``, through ``_limit_address_space``).
     """
     arguments = [
         "--agent-user", AGENT_USER,

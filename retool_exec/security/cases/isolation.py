@@ -298,28 +298,31 @@ DOCKER_INIT_LAYER = frozenset(
 """Files Docker writes into each container's own init layer when it creates it (its
 ``initlayer``; ``/dev``, ``/proc`` and ``/sys`` are mount points there)."""
 
+_MOUNT_POINTS = """
+    def mount_points():
+        with open("/proc/self/mountinfo") as handle:
+            return [line.split()[4] for line in handle]
+"""
+
 _THIS_CONTAINER = """
-    def this_container():
+    def this_container(mounts):
         \"\"\"Which container this is (its /dev, its boot, its first process's start: two
         calls in one container agree) and the inodes it alone has: its /dev (a tmpfs of its
-        own) and its mount points (Docker's files for /etc/hosts and the like among them).\"\"\"
+        own) and its ``mounts`` (Docker's files for /etc/hosts and the like among them).\"\"\"
         with open("/proc/stat") as handle:
             boot = [line.split()[1] for line in handle if line.startswith("btime")]
         with open("/proc/1/stat") as handle:
             first = handle.read().rsplit(")", 1)[1].split()[19]
-        with open("/proc/self/mountinfo") as handle:
-            mounts = sorted({line.split()[4] for line in handle})
-        return {"id": [os.stat("/dev").st_dev, boot, first], "mounts": mounts}
+        return {"id": [os.stat("/dev").st_dev, boot, first], "mounts": sorted(set(mounts))}
 """
 
 _READABLE_PLACES = """
-    def readable_places():
+    def readable_places(mounts):
         \"\"\"What a call can read and the reset does not own, each with its access time as
         found (10 ms ticks): everything under /dev (at any depth, /dev/shm aside), each
-        mount's top directory, and the files of /etc. Found without reading any of them
-        first: a directory's time is taken before it is listed, a link's is never followed.\"\"\"
-        with open("/proc/self/mountinfo") as handle:
-            mounts = [line.split()[4] for line in handle]
+        of ``mounts``' top directories, and the files of /etc. Found without reading any of
+        them first: a directory's time is taken before it is listed, a link's is never
+        followed.\"\"\"
         tops = [m for m in mounts if not m.startswith(("/proc", "/sys", "/tmp", "/dev/shm"))]
         found = {}
         def note(path):
@@ -889,12 +892,14 @@ CASES: tuple[Case, ...] = (
         title="reading what the reset does not own (/dev, mount tops, /etc) leaves no time "
         "the next call can read",
         code=code(
-            _READABLE_PLACES
+            _MOUNT_POINTS
+            + _READABLE_PLACES
             + _THIS_CONTAINER
             + """
+    mounts = mount_points()
     time.sleep(0.05)  # the reads' window stands apart from the container's own times
     start, read = time.time_ns(), 0
-    for path in readable_places():
+    for path in readable_places(mounts):
         for look in (os.lstat, os.stat, os.listdir, os.readlink):
             try:
                 look(path)
@@ -913,17 +918,19 @@ CASES: tuple[Case, ...] = (
             os.close(fd)
     end = time.time_ns()
     time.sleep(0.05)  # ... and from the reset's
-    report(start=start, end=end, read=read, container=this_container())
+    report(start=start, end=end, read=read, container=this_container(mounts))
 """
         ),
         follow_up=code(
-            _READABLE_PLACES
+            _MOUNT_POINTS
+            + _READABLE_PLACES
             + _THIS_CONTAINER
             + """
     recent = time.time_ns() // 10**7 - 60_000  # every time of the last 10 minutes
+    mounts = mount_points()
     report(
-        ticks={path: tick for path, tick in readable_places().items() if tick > recent},
-        container=this_container(),
+        ticks={path: tick for path, tick in readable_places(mounts).items() if tick > recent},
+        container=this_container(mounts),
     )
 """
         ),

@@ -143,7 +143,7 @@ class Setup:
     (``recursion.find``; None: the agent's frames count against the code's limit)."""
     machine_memory = 0
     """Bytes of memory of the machine Docker runs on (0: not told), the most one
-    allocation gets where nothing else bounds it: ``_limit_overcommit``."""
+    allocation gets where nothing else bounds it (under gVisor: ``_limit_address_space``)."""
     generators: list[Any] = []  # noqa: RUF012 - found once, before the first fork
     """Every random generator the zygote holds (``generators.find``), reseeded before each fork."""
     agent_path: str | None = None
@@ -488,7 +488,13 @@ def child_main(events_w: int, request_r: int, out_w: int, err_w: int, started_w:
         if memory_mb:
             _limit_memory(int(memory_mb) * 1024 * 1024)
         elif Setup.data_limit_spares_mmap and Setup.machine_memory:
-            _limit_overcommit(Setup.machine_memory)
+            # Under gVisor without ``memory_mb``: an allocation past the machine's memory
+            # raises ``MemoryError``, as Linux's overcommit heuristic makes it under runc.
+            # gVisor maps any size and fails only when the pages are used, so
+            # ``bytearray(2**40)`` was the container's ``oom`` (or a timeout) and
+            # ``numpy.zeros(2**37)`` a success (thirty-second red-team round). Glibc's
+            # thread arenas and stacks fit far below a machine's memory: no arena setting.
+            _limit_address_space(Setup.machine_memory)
         stack_mb = request.get("stack_mb")
         if stack_mb:
             _raise_soft(resource.RLIMIT_STACK, int(stack_mb) * 1024 * 1024)
@@ -681,20 +687,6 @@ def _limit_memory(limit: int) -> None:
     if Setup.data_limit_spares_mmap:
         identity._libc.mallopt(M_ARENA_MAX, 1)
         _limit_address_space(limit)
-
-
-def _limit_overcommit(machine_memory: int) -> None:
-    """Under gVisor without ``memory_mb``: an allocation past the machine's memory raises
-    ``MemoryError``, as Linux's overcommit heuristic makes it under runc.
-
-    Why: gVisor's kernel maps any size and fails only when the pages are used, so
-    ``bytearray(2**40)`` or ``[0] * 10**11`` was the container's ``oom`` (or a timeout)
-    and ``numpy.zeros(2**37)`` a success, where python3 raises ``MemoryError`` and
-    code that catches it goes on (thirty-second red-team round). The bound is on the
-    process's address space (``_limit_address_space``): glibc's thread arenas (64 MiB
-    each, 16 at most on two CPUs) and thread stacks fit far below a machine's memory,
-    so no arena setting is needed here."""
-    _limit_address_space(machine_memory)
 
 
 def _limit_address_space(limit: int) -> None:
