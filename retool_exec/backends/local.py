@@ -278,17 +278,22 @@ _NOTEBOOK = (
     "        except BaseException as exc:\n"
     "            armed[0] = False\n"
     "            try:\n"
-    "                tb = own_frames_out(exc.__traceback__)\n"
+    "                tb = own_frames_out(BaseException.__traceback__.__get__(exc))\n"
     "                if isinstance(exc, SyntaxError):\n"
     "                    tb = None\n"
     "                lines = traceback.format_exception(type(exc), exc, tb)\n"
+    "            except BaseException:\n"
+    "                lines = [name_of(exc) + '\\n']\n"
+    "            try:\n"
     "                evalue = str(exc)\n"
     "            except BaseException:\n"
-    "                lines, evalue = [type(exc).__name__ + '\\n'], '<unprintable>'\n"
-    "            ename = str.__str__(type(exc).__name__)[:200]\n"
+    "                evalue = '<unprintable>'\n"
+    "            ename = name_of(exc)[:200]\n"
     "            error.append({{'ename': ename, 'evalue': cut(evalue),\n"
     "                          'traceback': tail(lines)}})\n"
     "        return {{'display': display, 'error': error}}\n"
+    "    def name_of(exc):\n"
+    "        return str.__str__(type.__dict__['__name__'].__get__(type(exc)))\n"
     "    def own_frames_out(tb):\n"
     "        kept = []\n"
     "        while tb is not None:\n"
@@ -405,6 +410,9 @@ def _retool_session():
             kept.append(lines[0])
         return kept[::-1]
 
+    def name_of(exc):
+        return str.__str__(type.__dict__['__name__'].__get__(type(exc)))
+
     def own_frames_out(tb):
         kept = []
         while tb is not None:
@@ -437,16 +445,22 @@ def _retool_session():
         except BaseException as exc:
             armed[0] = False
             try:
-                tb = None if isinstance(exc, SyntaxError) else own_frames_out(exc.__traceback__)
+                # The exception's own slots, as python3 reads them: a property of its
+                # class (its __traceback__, a metaclass's __name__) is the code's.
+                tb = BaseException.__traceback__.__get__(exc)
+                tb = None if isinstance(exc, SyntaxError) else own_frames_out(tb)
                 lines = traceback.format_exception(type(exc), exc, tb)
+            except BaseException:
+                tb, lines = None, [name_of(exc) + '\n']
+            try:
                 evalue = str(exc)
             except BaseException:
-                tb, lines, evalue = None, [type(exc).__name__ + '\n'], '<unprintable>'
-            ename = str.__str__(type(exc).__name__)[:200]
+                evalue = '<unprintable>'
+            ename = name_of(exc)[:200]
             error.append({'ename': ename, 'evalue': cut(evalue),
                           'traceback': tail(lines)})
             try:
-                exc.__traceback__ = tb
+                BaseException.__traceback__.__set__(exc, tb)
                 sys.excepthook(type(exc), exc, tb)
             except BaseException:
                 pass

@@ -174,6 +174,36 @@ class TestSessionContract:
             assert result.detail == ""
             assert value(session, "kept") == "still here"
 
+    @pytest.mark.parametrize(
+        "hostile",
+        [
+            "class M(type):\n    @property\n    def __name__(cls):\n        raise RuntimeError\n"
+            "class E(Exception, metaclass=M): pass\n",
+            "class E(Exception):\n    @property\n    def __traceback__(self):\n"
+            "        raise SystemExit(0)\n",
+            "class S(str):\n    def startswith(self, *a):\n        raise SystemExit(0)\n"
+            "class E(Exception): pass\n"
+            "exec(compile('raise E(\"boom\")', S('<mine>'), 'exec'))\n",
+        ],
+        ids=["metaclass-name", "traceback-property", "file-name-subclass"],
+    )
+    def test_an_exception_whose_class_answers_for_itself_is_the_cells_error(
+        self, sandbox: Sandbox, hostile: str
+    ) -> None:
+        """An exception class with a ``__name__`` (metaclass) or ``__traceback__`` property
+        that raises, or raised from code whose file name is a ``str`` subclass: the agent
+        asked them as it recorded the cell's error, and the session's interpreter exited
+        (status 70, the session lost; thirty-third red-team round). python3 prints the
+        traceback from the exception's own slots: ``E: boom``, status 1."""
+        with sandbox.session() as session:
+            session.run_code("kept = 'still here'")
+            result = session.run_code(hostile + "raise E('boom')")
+            assert (result.outcome, result.returncode, result.detail) == (Outcome.ERROR, 1, "")
+            assert result.stderr.endswith("E: boom\n"), result
+            [error] = result.cells[0].error
+            assert (error["ename"], error["evalue"]) == ("E", "boom"), error
+            assert value(session, "kept") == "still here"
+
     def test_a_trace_function_sees_the_cells_and_one_that_raises_is_a_cells_error(
         self, sandbox: Sandbox, backend_id: str
     ) -> None:

@@ -119,6 +119,22 @@ def test_notebook_in_the_container(docker_url: str, client: httpx.Client) -> Non
     assert body["status"] == "Failed"
 
 
+def test_a_notebook_cell_whose_exception_class_answers_for_itself_is_its_error(
+    docker_url: str, client: httpx.Client
+) -> None:
+    """A metaclass whose ``__name__`` raised ended the notebook's interpreter as the agent
+    recorded the cell's error: the later cells never ran (a dead kernel; thirty-third
+    red-team round). As Jupyter: the cell's error, and the notebook goes on."""
+    hostile = (
+        "class M(type):\n    @property\n    def __name__(cls):\n        raise RuntimeError\n"
+        "class E(Exception, metaclass=M): pass\nraise E('boom')"
+    )
+    body = client.post(f"{docker_url}/run_jupyter", json={"cells": ["x = 41", hostile, "x + 1"]})
+    cells = body.json()["cells"]
+    assert [(e["ename"], e["evalue"]) for e in cells[1]["error"]] == [("E", "boom")], cells
+    assert cells[2]["display"] == [{"text/plain": "42"}], cells
+
+
 def test_128_concurrent_requests_all_succeed(docker_url: str) -> None:
     async def storm() -> list[httpx.Response]:
         limits = httpx.Limits(max_connections=128, max_keepalive_connections=128)

@@ -1140,11 +1140,9 @@ def _print_exception(
     status 1 or, a ``KeyboardInterrupt``, SIGINT)."""
     hooks = hooks or CodeHooks()
     try:
-        tb = exc.__traceback__
         # Drop the driver's frames, so tracebacks start at "<sandbox>" (or "<cell N>").
-        while tb is not None and not tb.tb_frame.f_code.co_filename.startswith("<"):
-            tb = tb.tb_next
-        exc.__traceback__ = tb  # excepthook prints the exception's own traceback
+        tb = _code_traceback(exc)
+        _TRACEBACK_SLOT.__set__(exc, tb)  # excepthook prints the exception's own traceback
         names = vars(sys)
         if set_sys_last_vars:
             names["last_type"], names["last_value"], names["last_traceback"] = type(exc), exc, tb
@@ -1610,7 +1608,7 @@ class _unraisable_without_agent_frames:
 
 def _without_agent_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
     """``tb`` from its first frame that is not the agent's own."""
-    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(AGENT_DIRECTORY + "/"):
+    while tb is not None and str.startswith(tb.tb_frame.f_code.co_filename, AGENT_DIRECTORY + "/"):
         tb = tb.tb_next
     return tb
 
@@ -1966,7 +1964,7 @@ def _safe_repr(value: Any) -> str:
     try:
         return _plain(repr(value))[: 1 << 16]
     except BaseException as exc:
-        return f"<repr failed: {type(exc).__name__}>"
+        return f"<repr failed: {_class_name(type(exc))}>"
 
 
 def _plain(text: str) -> str:
@@ -1977,9 +1975,10 @@ def _plain(text: str) -> str:
 
 
 def _error_record(exc: BaseException) -> dict[str, Any]:
-    tb = exc.__traceback__
-    while tb is not None and not tb.tb_frame.f_code.co_filename.startswith("<"):
-        tb = tb.tb_next
+    """A cell's error as Jupyter's ``error`` output has it. Never raises: what it reads of
+    the code's exception through Python (its formatting, its text) is guarded, the rest
+    is read from C slots (``_code_traceback``, ``_class_name``)."""
+    tb = _code_traceback(exc)
     try:
         lines = [_plain(line) for line in traceback.format_exception(type(exc), exc, tb)]
     except BaseException:
@@ -1988,7 +1987,32 @@ def _error_record(exc: BaseException) -> dict[str, Any]:
         evalue = _plain(str(exc))[: 1 << 12]
     except BaseException:
         evalue = ""
-    return {"ename": _plain(type(exc).__name__), "evalue": evalue, "traceback": lines[-50:]}
+    return {"ename": _class_name(type(exc)), "evalue": evalue, "traceback": lines[-50:]}
+
+
+_TRACEBACK_SLOT = BaseException.__dict__["__traceback__"]
+_TYPE_NAME = type.__dict__["__name__"]
+
+
+def _code_traceback(exc: BaseException) -> types.TracebackType | None:
+    """``exc``'s traceback from the code's first frame (a file name like "<sandbox>" or
+    "<cell 2>"), read as python3 reads it.
+
+    Why the C slot and ``str.startswith``: a ``__traceback__`` property of the code's
+    exception class, or a code object whose file name is a ``str`` subclass with its
+    own ``startswith``, ran the code's Python in the agent, outside any guard: an
+    exception raised there ended a session's interpreter (status 70, the session
+    lost; thirty-third red-team round), where python3 prints the traceback."""
+    tb: types.TracebackType | None = _TRACEBACK_SLOT.__get__(exc)
+    while tb is not None and not str.startswith(tb.tb_frame.f_code.co_filename, "<"):
+        tb = tb.tb_next
+    return tb
+
+
+def _class_name(cls: type) -> str:
+    """``cls.__name__`` from the type's own slot: never a metaclass's ``__name__``
+    property, which python3's traceback does not ask either (``_code_traceback``)."""
+    return _plain(_TYPE_NAME.__get__(cls))
 
 
 LONG_RANGE = (-(1 << 63), 1 << 63)
