@@ -640,6 +640,25 @@ class TestBackendContract:
         )
         assert sandbox.run_code(code, files=startup).stdout == "True 5 True\n"
 
+    def test_an_uploaded_module_wins_over_what_starting_the_agents_archive_imported(
+        self, sandbox: Sandbox, backend_id: str
+    ) -> None:
+        """The Docker agent took python3's own modules as they were when its archive's
+        entry ran, after ``runpy`` had imported ``types``, ``functools``, ``collections``
+        and more that ``python3 -c`` never has at start: uploads of those names were
+        ignored for the zygote's (thirty-third red-team round)."""
+        if backend_id == "local":
+            pytest.skip("the host's python3 may import these as it starts (its .pth files)")
+        names = ["types", "operator", "functools", "warnings", "keyword", "reprlib", "contextlib"]
+        files = {f"{name}.py": b"MARK = 'upload'\n" for name in names}
+        files["collections/__init__.py"] = b"MARK = 'package'\n"
+        modules = ", ".join([*names, "collections"])
+        code = f"import {modules}\nprint(*[module.MARK for module in [{modules}]])"
+        result = sandbox.run_code(code, files=files)
+        assert result.stdout == "upload " * len(names) + "package\n", result
+        after = sandbox.run_code("import types, collections\nprint(hasattr(types, 'MARK'))")
+        assert after.stdout == "False\n", after
+
     def test_files_are_fetched_after_an_error_a_timeout_and_os_exit(self, sandbox: Sandbox) -> None:
         write = "open('partial.txt', 'w').write('so far')\n"
         endings = {

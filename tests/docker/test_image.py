@@ -24,7 +24,7 @@ import pytest
 from retool_exec.backends.docker import image as image_mod
 from retool_exec.backends.docker import image_inputs
 from retool_exec.backends.docker.image import ImageInfo
-from retool_exec.backends.docker.image_inputs import ImageBuildError
+from retool_exec.backends.docker.image_inputs import AGENT_LAUNCHER, ImageBuildError
 
 REQUIRE_DOCKER = os.environ.get("RETOOL_EXEC_REQUIRE_DOCKER") == "1"
 TEST_LABELS = {"org.retool_exec.test": "1", "org.retool_exec.test.suite": "test_image"}
@@ -196,7 +196,8 @@ def test_image_configuration(client: docker.DockerClient, built: tuple[ImageInfo
     config = client.images.get(info.tag).attrs["Config"]
     assert config["User"] == "65534:65534"
     assert config["WorkingDir"] == "/tmp"
-    assert config["Entrypoint"] == ["/usr/bin/python3", "-I", "-B", "/opt/retool_exec/agent.pyz"]
+    assert config["Entrypoint"] == ["/usr/bin/python3", "-I", "-B", "-c", AGENT_LAUNCHER]
+    assert "sys.path.insert(0, '/opt/retool_exec/agent.pyz')" in AGENT_LAUNCHER
     assert "PATH=/usr/local/bin:/usr/bin:/bin" in config["Env"]
     assert "LANG=C.UTF-8" in config["Env"]
     assert config["Labels"] == {

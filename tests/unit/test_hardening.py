@@ -105,8 +105,8 @@ def test_agent_starts_as_root_and_is_told_to_split_users() -> None:
 def test_pid1_is_the_agent_not_docker_init() -> None:
     s = spec()
     assert s.host_config["init"] is False
-    assert s.create["entrypoint"][-1] == "/opt/retool_exec/agent.pyz"
-    assert "-I" in s.create["entrypoint"]
+    assert s.create["entrypoint"][:4] == ["/usr/bin/python3", "-I", "-B", "-c"]
+    assert "'/opt/retool_exec/agent.pyz'" in s.create["entrypoint"][4]
 
 
 def test_private_ipc_small_shm_and_no_logs() -> None:

@@ -19,6 +19,7 @@ from typing import Any
 from retool_exec.backends.config import DockerConfig, is_gvisor
 from retool_exec.backends.docker.agent import wire
 from retool_exec.backends.docker.bootstrap import bootstrap_command
+from retool_exec.backends.docker.image_inputs import ENTRYPOINT
 
 __all__ = [
     "AGENT_CAPABILITIES",
@@ -45,7 +46,6 @@ AGENT_CAPABILITIES = wire.CONTAINER_CAPABILITIES
 each child the calls' uid with an empty bounding set). Calls hold none of them."""
 SANDBOX_HOSTNAME = "sandbox"
 AGENT_PATH = wire.AGENT_PATH
-ENTRYPOINT = ("/usr/bin/python3", "-I", "-B", AGENT_PATH)
 BASE_ENV: Mapping[str, str] = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "LANG": "C.UTF-8",

@@ -64,7 +64,22 @@ differs sends its own in at start instead of running this one."""
 AGENT_PATH_IN_IMAGE = wire.AGENT_PATH
 SANDBOX_USER = wire.DEFAULT_SANDBOX_USER
 """nobody:nogroup, the image's default user."""
-ENTRYPOINT = ("/usr/bin/python3", "-I", "-B", AGENT_PATH_IN_IMAGE)
+AGENT_LAUNCHER = (
+    "import sys\n"
+    "own = frozenset(sys.modules)\n"
+    f"sys.path.insert(0, {AGENT_PATH_IN_IMAGE!r})\n"
+    "from agent.supervisor import main\n"
+    "sys.exit(main(sys.path[:1] + sys.argv[1:], own))\n"
+)
+"""The container's PID 1: the agent package imported from its archive, after noting the
+modules python3 had (``zygote.Setup.pythons_own``: a call's upload of any other name
+wins over the zygote's module).
+
+Why not ``python3 agent.pyz``: starting a zipapp runs ``runpy``, which imports
+``collections``, ``functools``, ``types``, ``warnings`` and a dozen more that ``python3
+-c`` or ``python3 SCRIPT`` never has at start, so a call's own ``types.py`` or
+``collections/`` was ignored for the zygote's module (thirty-third red-team round)."""
+ENTRYPOINT = ("/usr/bin/python3", "-I", "-B", "-c", AGENT_LAUNCHER)
 """No ``-S``: numpy & co. live in dist-packages, which ``site`` puts on the path."""
 
 FORMAT_VERSION = "1"
@@ -82,14 +97,10 @@ def image_files_dir() -> Path:
     return _HERE / "image_files"
 
 
-_ZIPAPP_MAIN = (
-    b"import sys\n"
-    b"PYTHONS_OWN = frozenset(sys.modules)\n"
-    b"from agent.supervisor import main\n"
-    b"sys.exit(main(sys.argv, PYTHONS_OWN))\n"
-)
-"""The zipapp's entry: the agent package is ``agent`` inside it. It names the modules
-python3 had before the agent's first import (``zygote.Setup.pythons_own``)."""
+_ZIPAPP_MAIN = b"import sys\nfrom agent.supervisor import main\nsys.exit(main(sys.argv))\n"
+"""The archive's own entry (``python3 agent.pyz``, by hand): not the container's, which
+is ``AGENT_LAUNCHER``. Started so, python3's modules are not known, and no module the
+zygote holds gives way to a call's upload (``zygote.Setup.pythons_own``)."""
 
 
 def agent_source_paths() -> list[Path]:

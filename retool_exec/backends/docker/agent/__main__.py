@@ -1,9 +1,10 @@
-"""``python3 -I -B agent.pyz``: the container's PID 1."""
+"""``python3 -m agent`` by hand: not the container's PID 1 (``image_inputs.AGENT_LAUNCHER``).
+
+Started so, python3's modules are not known (``runpy`` imported more), and no module
+the zygote holds gives way to a call's upload (``zygote.Setup.pythons_own``)."""
 
 import sys
 
-PYTHONS_OWN = frozenset(sys.modules)  # before the agent's first import (``main``)
+from .supervisor import main
 
-from .supervisor import main  # noqa: E402
-
-sys.exit(main(sys.argv, PYTHONS_OWN))
+sys.exit(main(sys.argv))
