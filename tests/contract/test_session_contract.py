@@ -1039,3 +1039,39 @@ def test_an_interrupt_that_misses_the_cells_code_does_not_end_the_session(
     assert all("session lost" not in result.detail for result in tiny), [r.detail for r in tiny]
     assert (after.outcome, shown(after)) == (Outcome.SUCCESS, "42"), after
     assert notebook.outcome is not Outcome.SANDBOX_ERROR, notebook.detail
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("backend_id", ["docker-reuse", "docker-runsc"])
+def test_a_fork_announced_by_a_process_that_is_not_its_copy_is_refused(backend_id: str) -> None:
+    """A cell's ``os.register_at_fork`` hook announced a fork from the session's middle
+    process, which holds the copy's socket too: the supervisor watched that pid (reaped
+    at once) while the real copy ran on unwatched, so a lost fork's process went on and
+    its own exit read as a timeout (thirty-third red-team round). Now only a process
+    the supervisor adopted can be a fork's copy; the session lives on."""
+    from tests.conftest import require_docker
+
+    require_docker()
+    claim_from_the_middle = (
+        "import os, socket, sys\n"
+        "HELLO = next(m.FORKED_BYTE for m in list(sys.modules.values())\n"
+        "             if isinstance(getattr(m, 'FORKED_BYTE', None), bytes))\n"
+        "done = []\n"
+        "def claim():\n"
+        "    if done:\n"
+        "        return\n"
+        "    done.append(1)\n"
+        "    for fd in sorted((int(x) for x in os.listdir('/proc/self/fd')), reverse=True):\n"
+        "        try:\n"
+        "            if fd > 4 and os.readlink(f'/proc/self/fd/{fd}').startswith('socket:'):\n"
+        "                socket.socket(fileno=os.dup(fd)).send(HELLO)\n"
+        "                return\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "os.register_at_fork(after_in_child=claim)\n"
+    )
+    with own_sandbox(backend_id, timeout=10) as sandbox, sandbox.session() as session:
+        assert session.run_code(claim_from_the_middle + "x = 1").ok
+        with pytest.raises(SessionError):
+            session.fork()
+        assert shown(session.run_code("x + 1")) == "2"

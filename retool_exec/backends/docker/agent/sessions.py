@@ -152,6 +152,8 @@ def fork_session(sid: int, new_sid: int) -> dict[str, Any]:
         theirs.close()
     copy = SessionProcess(0, events_r, ours, parent.cpu_seconds)
     pid = _copy_pid(ours)
+    if pid is not None and not _adopted(pid):
+        pid = None  # announced by a process that is not the copy (see _adopted)
     if pid is None or pid in {process.pid for process in table.values()}:
         said = _fork_failure(events_r) if pid is None else None
         copy.close()
@@ -257,6 +259,32 @@ def _copy_pid(sock: socket.socket) -> int | None:
             if uid == sv.State.sandbox.uid and pid > 1:
                 return int(pid)
     return None
+
+
+ADOPTION_BUDGET = 1.0
+"""Seconds a fork's copy has to become the supervisor's child once it announced itself
+(its middle parent exits right after forking it)."""
+
+
+def _adopted(pid: int) -> bool:
+    """Whether ``pid`` is the supervisor's own child, as a fork's copy is: its parent, the
+    session's middle process, exits at once and PID 1 adopts it (``zygote._fork_session``).
+
+    Why: the middle holds the copy's request socket too, and a cell's
+    ``os.register_at_fork`` hook runs there. Announced from the middle, its pid (reaped
+    by the session at once) was watched, interrupted and killed, while the real copy ran
+    on unwatched: a lost fork's process went on, and its own exit read as a timeout
+    (thirty-third red-team round). Within the family, the code still chooses which of
+    its processes answers for a fork, as it chooses what that fork runs."""
+    give_up = time.monotonic() + ADOPTION_BUDGET
+    while True:
+        try:
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            return True
+        except ChildProcessError:
+            if time.monotonic() >= give_up:
+                return False
+            time.sleep(0.002)
 
 
 def _discard_stale_events(process: SessionProcess) -> None:
