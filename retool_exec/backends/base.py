@@ -110,6 +110,12 @@ class RunRequest:
             object.__setattr__(self, "script", wire.check_relative_path(self.script))
             if self.script in self.files:
                 raise ValueError(f"the script {self.script!r} is also one of the files")
+            clash = wire.file_and_directory([*self.files, self.script])
+            if clash is not None:  # (else the agent refused it, after the call was sent)
+                raise ValueError(
+                    f"the script {self.script!r} and the files clash: {clash!r} is "
+                    "both a file and a directory"
+                )
             if self.cells:
                 raise ValueError("a script is run as code, not as notebook cells")
 

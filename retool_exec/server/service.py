@@ -433,5 +433,8 @@ read ``__file__`` or ``sys.argv[0]``. The first name no uploaded file takes."""
 
 
 def script_name(uploads: Mapping[str, bytes]) -> str | None:
-    """The script's file name for a request with these uploads (None: all taken)."""
-    return next((name for name in SCRIPT_NAMES if name not in uploads), None)
+    """The script's file name for a request with these (normalised) uploads: the first of
+    ``SCRIPT_NAMES`` no upload takes, as a file or as a folder (``main.py/data.txt`` was
+    the sandbox's failure: thirty-third red-team round). None: all taken."""
+    taken = {path.partition("/")[0] for path in uploads}
+    return next((name for name in SCRIPT_NAMES if name not in taken), None)

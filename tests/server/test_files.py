@@ -137,6 +137,18 @@ def test_a_name_asked_twice_is_answered_once(local_url: str, client: httpx.Clien
     assert response["message"] == "fetch_files: ./a: 3000 bytes; 1096 bytes of fetch budget left"
 
 
+def test_an_upload_in_a_folder_named_like_the_script_moves_the_script(
+    local_url: str, client: httpx.Client
+) -> None:
+    """``main.py/data.txt`` was the sandbox's failure: the script was written over the
+    folder (thirty-third red-team round). The script takes the next free name."""
+    code = "import os\nprint(open('main.py/data.txt').read(), os.path.basename(__file__))"
+    body = verl_body(code, files={"main.py/data.txt": b64(b"x")})
+    response = client.post(f"{local_url}/run_code", json=body).json()
+    assert response["status"] == "Success", response
+    assert response["run_result"]["stdout"] == "x _retool_main.py\n"
+
+
 def test_an_output_flood_does_not_lose_the_fetched_files(
     local_url: str, client: httpx.Client
 ) -> None:

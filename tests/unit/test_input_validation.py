@@ -60,3 +60,16 @@ def test_run_many_refuses_one_string_and_takes_limits() -> None:
             sandbox.run_many("print(1)")
         results = sandbox.run_many(["a", "b"], timeout=2, memory_mb=64)
     assert [r.stdout for r in results] == ["2 64\n", "2 64\n"]
+
+
+@pytest.mark.parametrize(
+    ("script", "files"),
+    [("main.py", {"main.py/data.txt": b"x"}), ("s/main.py", {"s": b"x"}), ("a/b.py", {"a": b""})],
+)
+def test_a_script_that_clashes_with_the_files_is_refused_before_the_call(
+    script: str, files: dict[str, bytes]
+) -> None:
+    """A script named like a folder of the files, or under a file: the agent refused the
+    call after it was sent (``rejected``; thirty-third red-team round)."""
+    with Sandbox(FakeBackend()) as sandbox, pytest.raises(ConfigError, match="both a file"):
+        sandbox.run_code("print(1)", script=script, files=files)

@@ -30,7 +30,10 @@ import errno
 import json
 import marshal
 import struct
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
+
+if TYPE_CHECKING:  # (not imported as the agent starts: what it imports, a call may shadow)
+    from collections.abc import Iterable
 
 # -- frames ----------------------------------------------------------------------
 
@@ -305,11 +308,19 @@ def check_uploads(files: dict[str, bytes]) -> dict[str, bytes]:
         total += len(content)
     if total > MAX_UPLOAD_BYTES:
         raise ValueError(f"{total} bytes of files uploaded; at most {MAX_UPLOAD_BYTES}")
-    parents = {"/".join(p.split("/")[:i]) for p in checked for i in range(1, p.count("/") + 1)}
-    clash = parents & checked.keys()
-    if clash:
-        raise ValueError(f"{sorted(clash)[0]!r} is both a file and a directory")
+    clash = file_and_directory(checked)
+    if clash is not None:
+        raise ValueError(f"{clash!r} is both a file and a directory")
     return checked
+
+
+def file_and_directory(paths: Iterable[str]) -> str | None:
+    """A path among ``paths`` (normalised, ``check_relative_path``) that another of them
+    has as a directory, if any: the first in sorted order."""
+    names = set(paths)
+    parents = {"/".join(p.split("/")[:i]) for p in names for i in range(1, p.count("/") + 1)}
+    clash = parents & names
+    return min(clash) if clash else None
 
 
 def check_fetch(paths: tuple[str, ...] | list[str]) -> tuple[str, ...]:
