@@ -186,6 +186,16 @@ class ExecResult(BaseModel):
 
 _POSITIONAL = ("ok", "stdout", "stderr", "returncode", "timed_out", "latency")
 
+
+def not_returned(result: ExecResult) -> str:
+    """Why a file asked for was neither in ``result.files`` nor named in its
+    ``fetch_errors`` by the backend: the call's end took the read-back with it (the
+    sandbox failed, or a container killed whole or past its deadline lost its output)."""
+    if result.infrastructure_failure:
+        return "not read back: the sandbox failed"
+    return "not returned by the sandbox"
+
+
 _SIGXCPU = int(getattr(signal, "SIGXCPU", 24))
 
 

@@ -36,7 +36,7 @@ from retool_exec._errors import (
 )
 from retool_exec._formatting import format_tool_content, resolve_markers
 from retool_exec._handoff import Slots
-from retool_exec._models import ExecResult, Outcome
+from retool_exec._models import ExecResult, Outcome, not_returned
 from retool_exec._portal import LoopThread
 from retool_exec._session import Session, close_abandoned
 from retool_exec._stats import SandboxStats
@@ -573,13 +573,17 @@ class Sandbox:
             # The sandbox's own start (its first containers) is waiting too, not running.
             slot_wait = time.perf_counter() - submitted
             result = await self.backend.run(request)
-        result = result.model_copy(
-            update={
-                "latency": time.perf_counter() - submitted,
-                "queue_wait": slot_wait + result.queue_wait,
-                "timeout": request.timeout,
-            }
-        )
+        update: dict[str, Any] = {
+            "latency": time.perf_counter() - submitted,
+            "queue_wait": slot_wait + result.queue_wait,
+            "timeout": request.timeout,
+        }
+        unnamed = [path for path in request.fetch if path not in result.files]
+        unnamed = [path for path in unnamed if path not in result.fetch_errors]
+        if unnamed:  # every file asked for is returned or named with a reason (fetch_errors)
+            reason = not_returned(result)
+            update["fetch_errors"] = {**result.fetch_errors, **dict.fromkeys(unnamed, reason)}
+        result = result.model_copy(update=update)
         self.stats.record(result)
         return result
 

@@ -22,7 +22,7 @@ import binascii
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from retool_exec._models import ExecResult
+from retool_exec._models import ExecResult, not_returned
 from retool_exec.backends.docker.agent import wire
 from retool_exec.server.settings import ServerSettings
 
@@ -151,7 +151,7 @@ def fetched_files(result: ExecResult, spec: FileSpec, budget: int) -> tuple[dict
     for name, path in dict.fromkeys(spec.fetch):  # a name asked twice is answered once
         data = result.files.get(path)
         if data is None:
-            reason = result.fetch_errors.get(path) or _not_returned(result)
+            reason = result.fetch_errors.get(path) or not_returned(result)
             problems.append(f"{name}: {reason}")
         elif len(data) > budget:
             problems.append(f"{name}: {len(data)} bytes; {budget} bytes of fetch budget left")
@@ -159,12 +159,6 @@ def fetched_files(result: ExecResult, spec: FileSpec, budget: int) -> tuple[dict
             budget -= len(data)
             files[name] = base64.b64encode(data).decode("ascii")
     return files, ("fetch_files: " + "; ".join(problems)) if problems else ""
-
-
-def _not_returned(result: ExecResult) -> str:
-    if result.infrastructure_failure:
-        return "not read back: the sandbox failed"
-    return "not returned by the sandbox"
 
 
 def _decode(path: str, content: str) -> bytes:

@@ -198,3 +198,23 @@ def test_seed_shaped_dict_derives_outcome() -> None:
         "latency": 0.03,
     }
     assert ExecResult.model_validate(data).outcome is Outcome.ERROR
+
+
+def test_every_file_asked_for_is_returned_or_named_with_a_reason() -> None:
+    """A result whose read-back was lost with the call's end (gVisor's container killed
+    whole for memory, a timeout's output lost) had the file neither in ``files`` nor in
+    ``fetch_errors``: a reward looking it up got a ``KeyError`` (thirty-third red-team
+    round). The Sandbox names every such path."""
+    from retool_exec import FakeBackend, Sandbox
+
+    def lost(request: object) -> ExecResult:
+        return ExecResult(
+            False, "", "", None, True, 3.0, files={"a": b"1"}, fetch_errors={"b": "not found"}
+        )
+
+    with Sandbox(FakeBackend(lost)) as sandbox:
+        result = sandbox.run_code("pass", fetch=["a", "./b", "c/d"])
+    assert result.files == {"a": b"1"}
+    assert result.fetch_errors == {"b": "not found", "c/d": "not returned by the sandbox"}
+    with Sandbox(FakeBackend(lambda request: "")) as sandbox:
+        assert sandbox.run_code("pass").fetch_errors == {}
