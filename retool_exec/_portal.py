@@ -28,7 +28,11 @@ class LoopThread:
     def __init__(self, name: str) -> None:
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
-        self._gate = threading.Lock()
+        # Reentrant: a signal handler of the caller's thread may close the sandbox while
+        # that thread holds the gate, handing a call over (it hung for ever: thirty-third
+        # red-team round). Python runs handlers between the thread's own steps, so the
+        # handler's hand-over comes whole before or after the other's ``schedule()``.
+        self._gate = threading.RLock()
         self._accepting = True
         self._kept: set[asyncio.Task[object]] = set()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
@@ -51,8 +55,9 @@ class LoopThread:
         until no task is left. Nothing can be handed over after the gate shuts,
         so no caller waits on a loop that will never run its work.
         """
-        with self._gate:
-            self._accepting = False
+        if self._accepting:  # stopped other than by ``stop()``, which shuts the gate itself
+            with self._gate:
+                self._accepting = False
         self.loop.run_until_complete(asyncio.sleep(0))  # let in what was already handed over
         while pending := asyncio.all_tasks(self.loop):
             for task in pending:
@@ -151,7 +156,13 @@ class LoopThread:
         task.add_done_callback(self._kept.discard)
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Stop the loop (cancelling what still runs) and wait for the thread."""
+        """Stop the loop (cancelling what still runs) and wait for the thread.
+
+        The gate is shut here, in the stopping thread, not by the loop as it winds down:
+        a thread that stops the loop while it holds the gate (a signal handler's close
+        during a hand-over) would wait for a loop waiting for the gate."""
+        with self._gate:
+            self._accepting = False
         if self._thread.is_alive():
             self.loop.call_soon_threadsafe(self.loop.stop)
             if not self.in_loop_thread:

@@ -114,7 +114,7 @@ class Sandbox:
         self.markers = resolve_markers(markers) if markers is not None else None
         self.max_code_chars = max_code_chars
         self.stats = SandboxStats()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # (reentrant: see ``LoopThread._gate``)
         self._portal: LoopThread | None = None
         self._slots: Slots | None = None
         self._start_lock: asyncio.Lock | None = None
@@ -344,7 +344,13 @@ class Sandbox:
         if portal.in_loop_thread:
             coro.close()
             raise RuntimeError(f"{what} was called from the sandbox's own event loop")
-        future = portal.submit(coro)
+        try:
+            future = portal.submit(coro)
+        except RuntimeError:  # the loop stopped: closed (by a signal handler of this thread)
+            coro.close()
+            if self._closed:
+                raise SandboxClosedError(_CLOSED_UNDER_THE_CALL) from None
+            raise
         try:
             return future.result()
         except concurrent.futures.CancelledError:
@@ -398,8 +404,11 @@ class Sandbox:
     # -- lifecycle -------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the backend now (warm containers) instead of on the first call."""
-        self._ensure_portal().submit(self._ensure_started()).result()
+        """Start the backend now (warm containers) instead of on the first call.
+
+        A ``close()`` meanwhile raises ``SandboxClosedError``, as for a call (it was a bare
+        ``CancelledError``: thirty-third red-team round)."""
+        self._call_in_loop(self._ensure_started(), "start()")
 
     async def astart(self) -> None:
         """Async ``start``."""
@@ -546,7 +555,11 @@ class Sandbox:
             if self._closed:
                 raise SandboxClosedError("this sandbox is closed")
             if self._portal is None:
-                self._portal = LoopThread(name=f"retool-exec-{self.backend.name}")
+                portal = LoopThread(name=f"retool-exec-{self.backend.name}")
+                if self._closed:  # by a signal handler of this thread, as the loop started
+                    portal.stop()
+                    raise SandboxClosedError("this sandbox is closed")
+                self._portal = portal
             return self._portal
 
     async def _ensure_started(self) -> None:

@@ -22,7 +22,7 @@ class SandboxStats:
     """Counters over every recorded result; ``metrics()`` is what a trainer logs."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # (reentrant: see ``LoopThread._gate``)
         self.calls = 0
         self.successes = 0
         self.errors = 0

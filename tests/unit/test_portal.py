@@ -6,11 +6,13 @@ import asyncio
 import gc
 import logging
 import threading
+import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
+from retool_exec import FakeBackend, Sandbox, SandboxClosedError
 from retool_exec._portal import LoopThread
 
 
@@ -218,3 +220,62 @@ def test_shielded_work_runs_to_its_end_however_soon_its_caller_gives_up(
 
     asyncio.run(main())
     assert ran.wait(5)
+
+
+def _ends_within(seconds: float, scenario: Callable[[], object]) -> list[BaseException]:
+    """Run ``scenario`` in a thread of its own; fail if it is still running after ``seconds``
+    (a deadlock), and return what it raised."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            scenario()
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), "deadlocked"
+    return raised
+
+
+@pytest.mark.parametrize("held", ["hand-over gate", "sandbox lock", "stats lock"])
+def test_close_from_a_signal_handler_while_its_thread_holds_a_lock(held: str) -> None:
+    """A signal handler runs in the caller's thread between its steps: one that closed the
+    sandbox while that thread was handing a call over (holding the gate) hung the process
+    for ever (thirty-third red-team round). The thread holding the lock stands for it."""
+    sandbox = Sandbox(FakeBackend(lambda request: "1\n"))
+    sandbox.start()
+    assert sandbox._portal is not None
+    lock = {
+        "hand-over gate": sandbox._portal._gate,
+        "sandbox lock": sandbox._lock,
+        "stats lock": sandbox.stats._lock,
+    }[held]
+
+    def handler_in_the_middle() -> None:
+        with lock:
+            sandbox.stats.metrics()
+            sandbox.close()
+
+    assert _ends_within(10, handler_in_the_middle) == []
+    assert sandbox.closed
+
+
+def test_a_close_while_start_waits_is_sandbox_closed() -> None:
+    """``start()`` raised a bare ``concurrent.futures.CancelledError`` when ``close()`` came
+    while it waited; a call gets ``SandboxClosedError`` (thirty-third red-team round)."""
+
+    class SlowStart(FakeBackend):
+        async def start(self) -> None:
+            await asyncio.sleep(5)
+
+    sandbox = Sandbox(SlowStart(lambda request: ""))
+    starting = threading.Thread(target=lambda: raised.extend(_ends_within(10, sandbox.start)))
+    raised: list[BaseException] = []
+    starting.start()
+    time.sleep(0.3)
+    sandbox.close()
+    starting.join(15)
+    assert [type(exc) for exc in raised] == [SandboxClosedError], raised
