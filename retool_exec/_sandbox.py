@@ -40,7 +40,7 @@ from retool_exec._models import ExecResult, Outcome, not_returned
 from retool_exec._portal import LoopThread
 from retool_exec._session import Session, close_abandoned
 from retool_exec._stats import SandboxStats
-from retool_exec.backends.base import Backend, RunRequest, SessionHandle
+from retool_exec.backends.base import Backend, RunRequest, SessionHandle, exact_bytes
 from retool_exec.backends.config import BackendConfigBase, LocalConfig
 from retool_exec.backends.registry import resolve_backend
 
@@ -504,6 +504,10 @@ class Sandbox:
         """
         if not isinstance(code, str):
             raise TypeError(f"code must be str, not {type(code).__name__}")
+        # Its own text, as an exact str: a subclass's ``__len__`` said 1 and got a 12 MiB
+        # program past ``max_code_chars`` and the frame's size check, to the sandbox's
+        # failure (thirty-third red-team round). No method of the caller's object runs.
+        code = str.__str__(code)
         if isinstance(fetch, str):
             raise TypeError("fetch must be an iterable of paths, not one string")
         _check_timeout(timeout)
@@ -653,11 +657,12 @@ def _code_list(codes: Iterable[str]) -> list[str]:
 
 
 def _as_bytes(data: object) -> bytes:
-    """Text is sent as UTF-8 (lone surrogates kept, as Python's own file I/O would)."""
+    """Text is sent as UTF-8 (lone surrogates kept, as Python's own file I/O would); the
+    object's own content, never its methods (``exact_bytes``)."""
     if isinstance(data, str):
-        return data.encode("utf-8", "surrogateescape")
+        return str.encode(data, "utf-8", "surrogateescape")
     if isinstance(data, bytes | bytearray | memoryview):
-        return bytes(data)
+        return exact_bytes(data)
     raise TypeError(f"expected str or bytes, not {type(data).__name__}")
 
 

@@ -25,6 +25,13 @@ MAX_STACK_MB = 1 << 16
 """The largest ``RunRequest.stack_mb``: a bound on the number, far above any memory limit."""
 
 
+def exact_bytes(data: bytes | bytearray | memoryview) -> bytes:
+    """``data``'s content as exact ``bytes``, read through the buffer protocol: never a
+    ``bytes`` subclass's ``__len__`` or ``__bytes__``, which are the caller's code."""
+    with memoryview(data) as view:
+        return view.tobytes()
+
+
 @dataclass(frozen=True, slots=True)
 class RunRequest:
     """One call: the code as written, its inputs and its limits.
@@ -82,9 +89,16 @@ class RunRequest:
     it where the code runs (``agent/auto_print.py``): the host never parses the code."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.code, str) or not all(isinstance(c, str) for c in self.cells):
+            raise TypeError("code and cells must be str")
+        # Exact types, so every size checked here and after is the content's own (a
+        # subclass's ``__len__`` is the caller's: thirty-third red-team round).
+        object.__setattr__(self, "code", str.__str__(self.code))
+        object.__setattr__(self, "cells", tuple(str.__str__(cell) for cell in self.cells))
         if self.stdin is not None:
             if not isinstance(self.stdin, bytes):
                 raise TypeError(f"stdin must be bytes, not {type(self.stdin).__name__}")
+            object.__setattr__(self, "stdin", exact_bytes(self.stdin))
             if len(self.stdin) > wire.MAX_STDIN_BYTES:
                 raise ValueError(
                     f"stdin of {len(self.stdin)} bytes; at most {wire.MAX_STDIN_BYTES}"
@@ -103,7 +117,6 @@ class RunRequest:
             raise ValueError(f"stack_mb of {self.stack_mb!r}; an integer from 1 to {MAX_STACK_MB}")
         if self.cell_output_chars is not None and self.cell_output_chars < 0:
             raise ValueError(f"cell_output_chars of {self.cell_output_chars}; at least 0")
-        object.__setattr__(self, "cells", tuple(self.cells))
         object.__setattr__(self, "files", wire.check_uploads(dict(self.files)))
         object.__setattr__(self, "fetch", wire.check_fetch(tuple(self.fetch)))
         if self.script is not None:

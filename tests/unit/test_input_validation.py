@@ -7,8 +7,9 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from retool_exec import DockerConfig, Sandbox
+from retool_exec import DockerConfig, Outcome, RunRequest, Sandbox
 from retool_exec._errors import ConfigError
+from retool_exec.backends.docker.agent import wire
 from retool_exec.backends.fake import FakeBackend
 
 
@@ -73,3 +74,49 @@ def test_a_script_that_clashes_with_the_files_is_refused_before_the_call(
     call after it was sent (``rejected``; thirty-third red-team round)."""
     with Sandbox(FakeBackend()) as sandbox, pytest.raises(ConfigError, match="both a file"):
         sandbox.run_code("print(1)", script=script, files=files)
+
+
+class _ShortStr(str):
+    def __len__(self) -> int:
+        return 1
+
+    def encode(self, *args: object, **kwargs: object) -> bytes:
+        return b"not the text"
+
+
+class _ShortBytes(bytes):
+    def __len__(self) -> int:
+        return 1
+
+    def __bytes__(self) -> bytes:
+        return b"not the content"
+
+
+def test_sizes_are_the_contents_own_not_a_subclasss() -> None:
+    """A ``str`` subclass whose ``__len__`` said 1 got a 20,000-character program past
+    ``max_code_chars`` (and a 12 MiB one past the frame's size check, to the sandbox's
+    failure; thirty-third red-team round). Sizes and content are read from the object's
+    own data: no method of the caller's runs."""
+    seen: list[RunRequest] = []
+
+    def record(request: RunRequest) -> str:
+        seen.append(request)
+        return ""
+
+    with Sandbox(FakeBackend(record), max_code_chars=1000) as sandbox:
+        refused = sandbox.run_code(_ShortStr("x = 1\n" * 5000))
+        assert refused.outcome is Outcome.REJECTED, refused
+        assert "30000 characters" in refused.stderr
+        sandbox.run_code(
+            _ShortStr("print(1)"),
+            stdin=_ShortStr("in"),
+            files={"a": _ShortBytes(b"abc"), "b": _ShortStr("text")},
+        )
+    [request] = seen
+    assert (type(request.code), request.code) == (str, "print(1)")
+    assert (request.stdin, request.files) == (b"in", {"a": b"abc", "b": b"text"})
+    with pytest.raises(ValueError, match="stdin of"):
+        RunRequest(code="", timeout=1.0, stdin=_ShortBytes(b"x" * (wire.MAX_STDIN_BYTES + 1)))
+    over = {"big": _ShortBytes(b"x" * (wire.MAX_UPLOAD_BYTES + 1))}
+    with pytest.raises(ValueError, match="bytes of files"):
+        RunRequest(code="", timeout=1.0, files=over)
