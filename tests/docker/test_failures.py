@@ -228,6 +228,15 @@ def test_missing_image_without_auto_build_is_a_clear_error() -> None:
         Sandbox(config).start()
 
 
+def test_an_image_name_docker_refuses_is_a_clear_error() -> None:
+    """It was a raw ``docker.errors.APIError`` (400) at the first call (thirty-third
+    red-team round)."""
+    require_docker()
+    config = DockerConfig(image="UPPER/../x::y", labels=LABELS)
+    with Sandbox(config) as sandbox, pytest.raises(ImageError, match="invalid reference format"):
+        sandbox.start()
+
+
 def test_transient_daemon_errors_are_retried_and_others_are_not() -> None:
     calls: list[int] = []
 

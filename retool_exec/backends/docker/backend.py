@@ -188,6 +188,12 @@ class DockerBackend(Backend):
                 attrs = retry_docker(lambda: client.images.get(built.tag)).attrs
             except Exception as exc:
                 raise ImageError(f"could not build the sandbox image {tag!r}: {exc}") from exc
+        except docker.errors.APIError as exc:
+            if not exc.is_client_error():
+                raise
+            # Docker's word on the name itself (an invalid reference format): it was a raw
+            # APIError at the first call (thirty-third red-team round).
+            raise ImageError(f"image {tag!r} cannot be used: {exc.explanation or exc}") from exc
         return image_inputs.image_choice(tag, attrs)
 
     def _check_runtime(self, client: docker.DockerClient) -> int | None:
