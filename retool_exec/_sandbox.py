@@ -510,6 +510,10 @@ class Sandbox:
         code = str.__str__(code)
         if isinstance(fetch, str):
             raise TypeError("fetch must be an iterable of paths, not one string")
+        if files is not None and not isinstance(files, Mapping):
+            raise TypeError(
+                f"files must be a mapping of path to content, not {type(files).__name__}"
+            )
         _check_timeout(timeout)
         if memory_mb is not None and (
             isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or memory_mb < 1

@@ -120,3 +120,9 @@ def test_sizes_are_the_contents_own_not_a_subclasss() -> None:
     over = {"big": _ShortBytes(b"x" * (wire.MAX_UPLOAD_BYTES + 1))}
     with pytest.raises(ValueError, match="bytes of files"):
         RunRequest(code="", timeout=1.0, files=over)
+
+
+def test_files_that_are_not_a_mapping_are_a_type_error() -> None:
+    """A list of pairs raised ``AttributeError`` from inside (thirty-third red-team round)."""
+    with Sandbox(FakeBackend()) as sandbox, pytest.raises(TypeError, match="mapping"):
+        sandbox.run_code("pass", files=[("a", "b")])  # type: ignore[arg-type]
