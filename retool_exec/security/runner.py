@@ -390,11 +390,15 @@ async def _run_steps(
     """Run a session case's steps in order (see ``SessionStep``); close what is left open.
 
     A step that raises a ``SessionError`` is recorded in ``refused`` (the case's
-    predicate judges it); a backend without sessions raises
-    ``SessionsUnsupportedError`` at the first ``OPEN``."""
+    predicate judges it), as is a step on a session whose open or fork was refused; a
+    backend without sessions raises ``SessionsUnsupportedError`` at the first ``OPEN``."""
     sessions: dict[str, Session] = {}
     try:
         for step in case.session_steps:
+            needed = step.parent if step.action is StepAction.FORK else step.session
+            if step.action is not StepAction.OPEN and needed not in sessions:
+                refused[step.key] = f"no session {needed!r}: its open or fork was refused"
+                continue
             try:
                 if step.action is StepAction.OPEN:
                     sessions[step.session] = await sandbox.aopen_session()

@@ -47,6 +47,7 @@ def test_the_session_cases_are_in_the_corpus() -> None:
         "iso-session-fork-private",
         "iso-session-family-end",
         "proto-session-forged-cell",
+        "proto-session-fork-announced-by-its-middle",
         "res-session-ignores-interrupt",
         "proto-session-events-deep-nesting",
         "proto-session-stops-reading",

@@ -190,6 +190,61 @@ def _one_frame_in_flight(obs: Observation) -> bool:
     return max(in_flight) <= 1
 
 
+_ANNOUNCE_FROM_THE_MIDDLE = """
+    import socket, sys
+
+    x = 41
+    home = os.getcwd()
+    found = [getattr(m, "FORKED_BYTE", None) for m in list(sys.modules.values())]
+    hello = [value for value in found if isinstance(value, bytes)]
+    announced = []
+
+    def announce():
+        # Runs in the first child of the agent's fork (its middle process), which holds
+        # the copy's request socket too: say hello from there, before the copy can.
+        if announced or not hello:
+            return
+        announced.append(1)
+        for fd in sorted((int(n) for n in os.listdir("/proc/self/fd")), reverse=True):
+            try:
+                if fd > 4 and os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                    socket.socket(fileno=os.dup(fd)).send(hello[0])
+                    return
+            except OSError:
+                pass
+
+    os.register_at_fork(after_in_child=announce)
+    report(hello=bool(hello))
+"""
+
+_BEAT_ON = """
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    while True:
+        with open(f"{home}/beat", "a") as handle:
+            handle.write("x")
+        time.sleep(0.01)
+"""
+
+_BEAT_STOPPED = """
+    path = f"{home}/beat"
+    before = os.path.getsize(path) if os.path.exists(path) else 0
+    time.sleep(1.0)
+    after = os.path.getsize(path) if os.path.exists(path) else 0
+    report(before=before, after=after)
+"""
+
+
+def _lost_fork_stopped(obs: Observation) -> bool:
+    """Contained: no process of the fork writes on once its cell is over (the fork was
+    refused, or its process was the one killed when its session was lost)."""
+    try:
+        beat = obs.cell_facts("after")
+    except (KeyError, ValueError):
+        return False
+    return bool(beat["after"] == beat["before"])
+
+
 def _open(session: str) -> SessionStep:
     return SessionStep(StepAction.OPEN, session)
 
@@ -942,6 +997,30 @@ CASES: tuple[Case, ...] = (
         local=Expect.CONTAINED,
         note="Contained: the fork's cell prints 42 and the parent's next cell 41, both their "
         "code's own success.",
+    ),
+    Case(
+        id="proto-session-fork-announced-by-its-middle",
+        klass=CaseClass.PROTOCOL,
+        title="a fork cannot be announced by a process that is not its copy (the one the "
+        "supervisor watches, interrupts and kills is the copy)",
+        code="",
+        session_steps=(
+            _open("s"),
+            _cell("s", "plant", _ANNOUNCE_FROM_THE_MIDDLE),
+            _fork("s", "f"),
+            _cell("f", "attack", _BEAT_ON, timeout=1.0),
+            _cell("s", "after", _BEAT_STOPPED),
+        ),
+        contained=_lost_fork_stopped,
+        severity=Severity.MEDIUM,
+        reference="the thirty-third red-team round (2026-12-07): an at-fork hook announced "
+        "the fork from the session's middle process; the supervisor watched that pid, "
+        "reaped at once, and the real copy, its cell 'lost' and 'killed', wrote on",
+        exclusive=True,
+        local=Expect.CONTAINED,
+        note="Contained: the fork is refused (only a process the supervisor adopted is a "
+        "copy), or its lost cell's process is the one killed; either way nothing of it "
+        "writes on after its cell.",
     ),
     Case(
         id="res-session-fork-deep-tree",
