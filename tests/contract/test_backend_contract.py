@@ -1172,6 +1172,34 @@ class TestBackendContract:
         result = sandbox.run_code("import sys\ndel sys.unraisablehook\nprint('hi')")
         assert (result.outcome, result.stdout, result.stderr) == (Outcome.SUCCESS, "hi\n", "")
 
+    def test_an_exception_whose_str_ends_the_process_keeps_the_header_python3_wrote(
+        self, sandbox: Sandbox
+    ) -> None:
+        """The Docker agent's traceback left in one write: an exception whose ``__str__``
+        ended the process lost the header and the frame lines python3 had written, and one
+        whose ``__str__`` wrote showed that first (thirty-second round's review)."""
+        code = (
+            "class E(Exception):\n"
+            "    def __str__(self):\n"
+            "        import os\n"
+            "        os._exit(3)\n"
+            "raise E()"
+        )
+        result = sandbox.run_code(code)
+        assert result.returncode == 3, result
+        # (and the class's name, unflushed, where stderr is line-buffered as in the image)
+        assert result.stderr.startswith(
+            'Traceback (most recent call last):\n  File "<sandbox>", line 5, in <module>\n'
+        ), result
+        writes = code.replace("import os", "import sys").replace(
+            "os._exit(3)", "sys.stderr.write('inside\\n')\n        return 'm'"
+        )
+        result = sandbox.run_code(writes)
+        assert result.stderr == (
+            'Traceback (most recent call last):\n  File "<sandbox>", line 6, in <module>\n'
+            "Einside\n: m\n"
+        ), result
+
     def test_a_failing_excepthook_is_reported_as_python3_reports_it(self, sandbox: Sandbox) -> None:
         code = "import sys\nsys.excepthook = lambda *a: 1/0\nraise ValueError('v')"
         result = sandbox.run_code(code)

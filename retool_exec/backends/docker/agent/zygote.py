@@ -1159,7 +1159,7 @@ def _print_exception(
             _write_stderr("sys.excepthook is missing\n")
             _default_excepthook(type(exc), exc, tb)
             return None
-        with _one_write(vars(sys).get("stderr"), hook):
+        with _one_write(vars(sys).get("stderr"), hook, exc):
             hooks.call(hook, type(exc), exc, tb)
     except SystemExit as hook_exit:  # python3 exits with it, silently (handle_system_exit)
         return exit_status(hook_exit)
@@ -1216,12 +1216,21 @@ class _one_write:
     concurrency share. The text is the same. Only for our own line-buffered
     stream and the default hook (finite, fast): a hook of the call's own may
     print slowly, and must be seen line by line as ``python3`` would show it.
+    And only for an exception whose printing runs none of the code's Python
+    (``_prints_by_itself``): one whose ``__str__`` wrote showed that before the
+    traceback's header, and one whose ``__str__`` ended the process lost the
+    header python3 had already written (thirty-second round's review).
     """
 
-    def __init__(self, stream: object, hook: object) -> None:
+    def __init__(self, stream: object, hook: object, exc: BaseException) -> None:
         self.stream: io.TextIOWrapper | None = None
         default_hook = hook is _default_excepthook
-        if type(stream) is _io.TextIOWrapper and stream.line_buffering and default_hook:
+        if (
+            type(stream) is _io.TextIOWrapper
+            and stream.line_buffering
+            and default_hook
+            and _prints_by_itself(exc)
+        ):
             self.stream = stream  # ours: the exact class, not a subclass of the call's
 
     def __enter__(self) -> None:
@@ -1231,6 +1240,45 @@ class _one_write:
     def __exit__(self, *exc_info: object) -> None:
         if self.stream is not None:
             self.stream.reconfigure(line_buffering=True)  # which flushes
+
+
+_PLAIN_EXCEPTIONS = frozenset(
+    {
+        ArithmeticError, AssertionError, EOFError, FloatingPointError, IndexError, KeyError,
+        KeyboardInterrupt, LookupError, MemoryError, NotImplementedError, OverflowError,
+        RecursionError, RuntimeError, TypeError, ValueError, ZeroDivisionError, Exception,
+        BaseException,
+    }
+)  # fmt: skip
+"""Builtin exceptions the default hook prints from their ``args`` alone: no attribute it
+reads there is an object of the code's (``AttributeError`` asks its ``obj`` for names,
+``NameError`` lists the frame's namespaces for a suggestion, ``OSError`` shows its
+``filename``'s repr, ``SyntaxError`` its fields)."""
+_PLAIN_ARGS = (str, int, float, bool, type(None))
+_EXCEPTION_SLOTS = {
+    name: BaseException.__dict__[name] for name in ("args", "__dict__", "__cause__", "__context__")
+}
+
+
+def _prints_by_itself(exc: BaseException) -> bool:
+    """Whether the default hook prints ``exc`` and its chain without running any Python of
+    the code's: plain builtin exceptions (``_PLAIN_EXCEPTIONS``) whose arguments are plain
+    values and which carry no attribute of their own (notes included). Read through the
+    exceptions' C slots; a chain is followed as the hook follows it, up to 100 links."""
+    pending: list[BaseException] = [exc]
+    for _ in range(100):
+        if not pending:
+            return True
+        link = pending.pop()
+        if type(link) not in _PLAIN_EXCEPTIONS or _EXCEPTION_SLOTS["__dict__"].__get__(link):
+            return False
+        if any(type(arg) not in _PLAIN_ARGS for arg in _EXCEPTION_SLOTS["args"].__get__(link)):
+            return False
+        for name in ("__cause__", "__context__"):
+            chained = _EXCEPTION_SLOTS[name].__get__(link)
+            if chained is not None:
+                pending.append(chained)
+    return False
 
 
 def _finish(
