@@ -1,8 +1,9 @@
 """Cumulative sandbox health metrics, safe to update from many threads.
 
 The seed's ``SandboxStats`` counts from worker threads without a lock and can
-lose counts; this one takes a lock for every update and every read. The four
-seed keys of ``metrics()`` keep their names and formulas exactly.
+lose counts; this one counts under a lock, and a call's ``record`` never waits
+for it (``SandboxStats.record``). The four seed keys of ``metrics()`` keep their
+names and formulas exactly.
 """
 
 from __future__ import annotations
@@ -32,10 +33,36 @@ class SandboxStats:
         self.sandbox_errors = 0
         self.queue_wait_total = 0.0
         self._recent: deque[float] = deque(maxlen=_LATENCY_WINDOW)
+        self._pending: deque[ExecResult] = deque()
 
     def record(self, result: ExecResult) -> None:
-        """Count one result, classified the seed's way (timeout, else exit 0, else error)."""
-        with self._lock:
+        """Count one result, classified the seed's way (timeout, else exit 0, else error).
+
+        Never waits for the lock: the result is queued (``deque.append`` is atomic) and
+        counted now if the lock is free, else by whoever holds it, as it lets go. Why: a
+        signal handler that closed the sandbox while its thread was in ``metrics()``
+        waited for a call's end, whose ``record`` waited for that thread's lock: the
+        process hung (the review of the thirty-third red-team round)."""
+        self._pending.append(result)
+        self._count_pending()
+
+    def _count_pending(self) -> None:
+        """Count what is queued, unless another holds the lock (it counts it as it lets go:
+        each holder looks again after its release, so nothing queued stays uncounted)."""
+        while self._pending and self._lock.acquire(blocking=False):
+            try:
+                self._count_queued()
+            finally:
+                self._lock.release()
+
+    def _count_queued(self) -> None:
+        """Under the lock: count every queued result (one at a time: a signal handler of
+        this thread may count the rest meanwhile)."""
+        while True:
+            try:
+                result = self._pending.popleft()
+            except IndexError:
+                return
             self.calls += 1
             self.latency_total += result.latency
             self.queue_wait_total += result.queue_wait
@@ -53,7 +80,14 @@ class SandboxStats:
 
     def metrics(self) -> dict[str, float]:
         """The seed's four rates first, then the added keys (all ``sandbox/...``)."""
+        try:
+            return self._metrics()
+        finally:
+            self._count_pending()
+
+    def _metrics(self) -> dict[str, float]:
         with self._lock:
+            self._count_queued()
             calls = max(self.calls, 1)
             recent = sorted(self._recent)
             return {

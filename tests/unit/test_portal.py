@@ -279,3 +279,27 @@ def test_a_close_while_start_waits_is_sandbox_closed() -> None:
     sandbox.close()
     starting.join(15)
     assert [type(exc) for exc in raised] == [SandboxClosedError], raised
+
+
+def test_close_from_a_handler_in_metrics_while_a_call_ends() -> None:
+    """The handler's thread was in ``metrics()`` (holding the stats' lock) as another
+    thread's call ended: the call's ``record`` waited for that lock on the sandbox's loop,
+    so the close the handler waited for never ran (the review of the thirty-third round)."""
+
+    async def slow(request: object) -> str:
+        await asyncio.sleep(0.2)
+        return "1\n"
+
+    sandbox = Sandbox(FakeBackend(slow))
+    sandbox.start()
+    caller = threading.Thread(target=lambda: _ends_within(10, lambda: sandbox.run_code("1")))
+    caller.start()
+
+    def handler_in_metrics() -> None:
+        with sandbox.stats._lock:
+            time.sleep(0.6)  # the call ends meanwhile, and is recorded
+            sandbox.close()
+
+    assert _ends_within(10, handler_in_metrics) == []
+    caller.join(15)
+    assert sandbox.stats.metrics()["sandbox/calls"] == 1.0
