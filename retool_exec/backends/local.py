@@ -191,9 +191,12 @@ def _compile_auto_printed() -> str:
     module, run from its source in the child, so the host never parses the code and both
     backends print a final expression alike (read only when a call asks for it)."""
     return (
-        "printing = {}; "
+        "import sys; there = set(sys.modules); printing = {}; "
         f"exec({inspect.getsource(auto_print)!r}, printing); "
-        "return printing['compile_auto_printed'](text, '<sandbox>')"
+        "code = printing['compile_auto_printed'](text, '<sandbox>'); "
+        # what that imported (``ast`` and its own imports) is the agent's, not the code's
+        "[sys.modules.pop(name) for name in list(sys.modules) if name not in there]; "
+        "return code"
     )
 
 

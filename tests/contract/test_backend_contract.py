@@ -134,6 +134,31 @@ class TestBackendContract:
         broken = printed("x = (")
         assert broken.outcome is Outcome.ERROR and "SyntaxError" in broken.stderr
 
+    def test_auto_print_leaves_the_codes_imports_as_python3s(
+        self, sandbox: Sandbox, backend_id: str
+    ) -> None:
+        """The auto-print's own ``ast`` walk imported an uploaded ``collections/`` (the call
+        failed before its code ran), and the ``ast``, ``enum`` and ``contextlib`` it brought
+        in hid the call's uploads of those names, where ``python3 -c`` of the printed code
+        imports them (the review of the thirty-third round)."""
+
+        def printed(code: str, files: dict[str, bytes]) -> ExecResult:
+            request = RunRequest(code=code, timeout=10, auto_print=True, files=files)
+            return run_request(sandbox, request)
+
+        result = printed("import ast\nast.MARK", {"ast.py": b"MARK = 'upload'\n"})
+        assert result.stdout == "upload\n", result
+        if backend_id == "local":
+            return  # (the host's python3 may import the others as it starts: its .pth files)
+        files = {
+            "collections/__init__.py": b"MARK = 'package'\n",
+            "enum.py": b"MARK = 'upload'\n",
+            "contextlib.py": b"MARK = 'upload'\n",
+        }
+        code = "import collections as a, enum as b, contextlib as c\n(a.MARK, b.MARK, c.MARK)"
+        result = printed(code, files)
+        assert result.stdout == "('package', 'upload', 'upload')\n", result
+
     def test_the_main_namespace_is_the_one_python_dash_c_gives(self, sandbox: Sandbox) -> None:
         """``__builtins__`` is the module (``__builtins__.len`` works), and ``__annotations__``
         and ``__loader__`` are there, as in ``python3 -c``; nothing of the runner's."""

@@ -52,21 +52,31 @@ def compile_auto_printed(source: str, filename: str) -> types.CodeType:
     return compile(source, filename, "exec", dont_inherit=True)
 
 
+class _Stdlib:
+    ast: "types.ModuleType | None" = None
+    """The standard library's ``ast`` as ``stdlib_ast`` first found it."""
+
+
 def stdlib_ast() -> types.ModuleType:
     """The standard library's ``ast``, never a file of the call's working directory (which
-    is first on ``sys.path`` by now)."""
-    import sys
+    may be first on ``sys.path``) nor a module the code put in ``sys.modules``: imported
+    with the working directory off the path, or taken from ``sys.modules`` before any
+    code ran, then kept (a notebook's later cells are parsed by it, whatever the code did
+    to ``sys.modules`` meanwhile)."""
+    if _Stdlib.ast is None:
+        import sys
 
-    if "ast" not in sys.modules:
-        saved = sys.path[:]
-        sys.path[:] = [
-            entry for entry in sys.path if entry not in ("", ".") and entry != os.getcwd()
-        ]
-        try:
-            import ast  # noqa: F401
-        finally:
-            sys.path[:] = saved
-    return sys.modules["ast"]
+        if "ast" not in sys.modules:
+            saved = sys.path[:]
+            sys.path[:] = [
+                entry for entry in sys.path if entry not in ("", ".") and entry != os.getcwd()
+            ]
+            try:
+                import ast  # noqa: F401
+            finally:
+                sys.path[:] = saved
+        _Stdlib.ast = sys.modules["ast"]
+    return _Stdlib.ast
 
 
 def is_print_call(node: "ast.expr") -> bool:

@@ -998,6 +998,20 @@ def forget_shadowed_preloads(names: object) -> None:
                 del sys.modules[key]
 
 
+class _imports_undone:
+    """Context manager: take out of ``sys.modules``, after the block, the modules it
+    imported. Why: the agent's own work before the code starts, which python3 does not
+    do, must not decide what the code's ``import`` finds (the module objects the agent
+    keeps still work)."""
+
+    def __enter__(self) -> None:
+        self.there = set(sys.modules)
+
+    def __exit__(self, *exc_info: object) -> None:
+        for name in [name for name in sys.modules if name not in self.there]:
+            del sys.modules[name]
+
+
 def _fresh_main(script_path: str | None = None) -> dict[str, Any]:
     """A new ``__main__``, ``sys.argv`` and ``sys.path[0]`` as ``python3 -c`` (or
     ``python3 SCRIPT``) gives them: the code's own directory first, so a module uploaded
@@ -1029,6 +1043,22 @@ def run_user_code(
     path = None
     if script is not None:  # as `python SCRIPT`: the file is in the working directory
         path = os.path.join(wire.WORKDIR, wire.check_relative_path(script))
+    # Compiled before the uploads shadow anything, by the agent's own modules, and what
+    # that imported taken out again (``_imports_undone``): the auto-print's ``ast`` walk
+    # imported an uploaded ``collections/`` (the call failed before its code ran), and the
+    # ``ast``, ``enum`` and ``contextlib`` it brought in hid the call's uploads of those
+    # names (the review of the thirty-third round). Its error, if any, is raised below,
+    # where the code runs, as it was.
+    code: Any = None
+    failed: BaseException | None = None
+    try:
+        if auto_print:
+            with _imports_undone():
+                code = compile_auto_printed(source, "<sandbox>")
+        else:  # (imports nothing)
+            code = compile(source, "<sandbox>", "exec", dont_inherit=True)
+    except BaseException as exc:
+        failed = exc
     if shadowing:
         forget_shadowed_preloads(shadowing)
     gc.freeze()  # what exists now is the agent's: the end's collection visits the call's only
@@ -1039,10 +1069,8 @@ def run_user_code(
     status = 0
     trace = profile = None
     try:
-        if auto_print:
-            code = compile_auto_printed(source, "<sandbox>")
-        else:
-            code = compile(source, "<sandbox>", "exec", dont_inherit=True)
+        if failed is not None:
+            raise failed
         if Setup.recursion is not None:
             Setup.recursion.enter()  # (the shape ``_run_probe`` calibrated)
         try:
@@ -1788,6 +1816,8 @@ def run_cells(request_sock: socket.socket, count: int, *, shadowing: object = No
     ``k`` ended; each cell's output lands in its own pipes. Uploads shadow imported
     modules as in a plain call (its cells are parsed by ``stdlib_ast``, never an upload).
     """
+    with _imports_undone():
+        stdlib_ast()  # (kept by the agent, for every cell: see ``run_user_code``)
     if shadowing:
         forget_shadowed_preloads(shadowing)
     gc.freeze()  # what exists now is the agent's: the end's collection visits the calls' only
