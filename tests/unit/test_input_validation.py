@@ -126,3 +126,29 @@ def test_files_that_are_not_a_mapping_are_a_type_error() -> None:
     """A list of pairs raised ``AttributeError`` from inside (thirty-third red-team round)."""
     with Sandbox(FakeBackend()) as sandbox, pytest.raises(TypeError, match="mapping"):
         sandbox.run_code("pass", files=[("a", "b")])  # type: ignore[arg-type]
+
+
+class _NeverEqual(str):
+    def __eq__(self, other: object) -> bool:
+        return False
+
+    __hash__ = str.__hash__
+
+
+class _SplitsIntoStrangers(str):
+    def split(self, *args: object, **kwargs: object) -> list[str]:  # type: ignore[override]
+        return [_NeverEqual(part) for part in str.split(self, *args)]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("where", ["files", "fetch", "script"])
+def test_a_path_is_checked_by_its_own_text(where: str) -> None:
+    """A ``str`` subclass whose parts never equal ``..`` wrote and fetched outside the
+    working directory on the local backend (the review of the thirty-third round)."""
+    path = _SplitsIntoStrangers("../escaped.txt")
+    arguments: dict[str, object] = {
+        "files": {"files": {path: b"x"}},
+        "fetch": {"fetch": [path]},
+        "script": {"script": path},
+    }[where]
+    with Sandbox(FakeBackend()) as sandbox, pytest.raises(ConfigError, match="leaves"):
+        sandbox.run_code("pass", **arguments)  # type: ignore[arg-type]

@@ -276,6 +276,7 @@ def check_relative_path(path: object) -> str:
     """
     if not isinstance(path, str):
         raise ValueError(f"a file path must be a string, not {type(path).__name__}")
+    path = str.__str__(path)  # its own text: no method of a subclass decides (``..``)
     if len(path) > MAX_PATH_CHARS:
         raise ValueError(f"file path longer than {MAX_PATH_CHARS} characters")
     if any(ord(ch) < 32 or ord(ch) == 127 for ch in path):
