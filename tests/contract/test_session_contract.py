@@ -1075,3 +1075,20 @@ def test_a_fork_announced_by_a_process_that_is_not_its_copy_is_refused(backend_i
         with pytest.raises(SessionError):
             session.fork()
         assert shown(session.run_code("x + 1")) == "2"
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("backend_id", ["docker-reuse", "docker-runsc"])
+def test_a_fork_whose_middle_process_ends_slowly_still_starts(backend_id: str) -> None:
+    """The copy is the agent's child only once the fork's middle process has ended: a
+    middle slowed for 1.3 s (here by the parent's at-fork hook; on a loaded host by the
+    scheduler) had the fork refused after a budget of 1 s (the review of the thirty-third
+    round). The copy has the fork's whole start budget."""
+    from tests.conftest import require_docker
+
+    require_docker()
+    slow = "import os, time\nos.register_at_fork(after_in_parent=lambda: time.sleep(1.3))\nx = 1"
+    with own_sandbox(backend_id, timeout=10) as sandbox, sandbox.session() as session:
+        assert session.run_code(slow).ok
+        copy = session.fork()
+        assert shown(copy.run_code("x + 1")) == "2"

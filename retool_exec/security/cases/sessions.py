@@ -237,11 +237,14 @@ _BEAT_STOPPED = """
 
 def _lost_fork_stopped(obs: Observation) -> bool:
     """Contained: no process of the fork writes on once its cell is over (the fork was
-    refused, or its process was the one killed when its session was lost)."""
+    refused, or its process was the one killed when its session was lost). The attack
+    must have been made: its hook found the agent's hello to send."""
     try:
-        beat = obs.cell_facts("after")
+        planted, beat = obs.cell_facts("plant"), obs.cell_facts("after")
     except (KeyError, ValueError):
         return False
+    if not planted["hello"]:
+        raise Inconclusive("the agent's fork hello was not found: the attack was not made")
     return bool(beat["after"] == beat["before"])
 
 
@@ -1001,8 +1004,8 @@ CASES: tuple[Case, ...] = (
     Case(
         id="proto-session-fork-announced-by-its-middle",
         klass=CaseClass.PROTOCOL,
-        title="a fork cannot be announced by a process that is not its copy (the one the "
-        "supervisor watches, interrupts and kills is the copy)",
+        title="a fork announced from its middle process (whose pid is reaped at once) is "
+        "refused: the pid the supervisor watches, interrupts and kills is its own child",
         code="",
         session_steps=(
             _open("s"),
@@ -1017,10 +1020,12 @@ CASES: tuple[Case, ...] = (
         "the fork from the session's middle process; the supervisor watched that pid, "
         "reaped at once, and the real copy, its cell 'lost' and 'killed', wrote on",
         exclusive=True,
-        local=Expect.CONTAINED,
-        note="Contained: the fork is refused (only a process the supervisor adopted is a "
-        "copy), or its lost cell's process is the one killed; either way nothing of it "
-        "writes on after its cell.",
+        local=Expect.NOT_APPLICABLE,
+        local_reason="the local backend's forks have no hello to send from elsewhere",
+        note="Contained: the fork is refused (only a process the supervisor adopted answers "
+        "for a fork), or its lost cell's process is the one killed; either way nothing of it "
+        "writes on after its cell. An orphan the code makes is adopted too: within its "
+        "family the code chooses which of its processes answers for a fork (finding 83).",
     ),
     Case(
         id="res-session-fork-deep-tree",

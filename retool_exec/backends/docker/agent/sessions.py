@@ -151,9 +151,13 @@ def fork_session(sid: int, new_sid: int) -> dict[str, Any]:
         os.close(events_w)
         theirs.close()
     copy = SessionProcess(0, events_r, ours, parent.cpu_seconds)
-    pid = _copy_pid(ours)
-    if pid is not None and not _adopted(pid):
-        pid = None  # announced by a process that is not the copy (see _adopted)
+    give_up = time.monotonic() + START_BUDGET
+    pid = _copy_pid(ours, give_up)
+    if pid is not None and not _adopted(pid, give_up):
+        copy.close()
+        return _refused(
+            new_sid, f"the fork's copy did not become the agent's within {START_BUDGET:g} s"
+        )
     if pid is None or pid in {process.pid for process in table.values()}:
         said = _fork_failure(events_r) if pid is None else None
         copy.close()
@@ -232,7 +236,7 @@ CREDENTIALS = struct.Struct("iII")
 """``struct ucred``: pid, uid, gid."""
 
 
-def _copy_pid(sock: socket.socket) -> int | None:
+def _copy_pid(sock: socket.socket, give_up: float) -> int | None:
     """The pid of the session's copy, from the kernel: None if it did not announce itself.
 
     Why not a pid the copy reports: it runs the session's code, which can say
@@ -243,7 +247,7 @@ def _copy_pid(sock: socket.socket) -> int | None:
     without CAP_SYS_ADMIN (no call has it) cannot claim another's.
     """
     try:
-        sock.settimeout(START_BUDGET)
+        sock.settimeout(max(give_up - time.monotonic(), 0.001))
         data, ancillary, _flags, _addr = sock.recvmsg(
             len(zygote.FORKED_BYTE), socket.CMSG_SPACE(CREDENTIALS.size)
         )
@@ -261,22 +265,19 @@ def _copy_pid(sock: socket.socket) -> int | None:
     return None
 
 
-ADOPTION_BUDGET = 1.0
-"""Seconds a fork's copy has to become the supervisor's child once it announced itself
-(its middle parent exits right after forking it)."""
-
-
-def _adopted(pid: int) -> bool:
-    """Whether ``pid`` is the supervisor's own child, as a fork's copy is: its parent, the
-    session's middle process, exits at once and PID 1 adopts it (``zygote._fork_session``).
+def _adopted(pid: int, give_up: float) -> bool:
+    """Whether ``pid`` is (by ``give_up``) the supervisor's own child, as a fork's copy is:
+    its parent, the session's middle process, exits at once and PID 1 adopts it
+    (``zygote._fork_session``). Such a pid stays the process's until the supervisor reaps
+    it, so every signal sent to it reaches the process that announced itself.
 
     Why: the middle holds the copy's request socket too, and a cell's
-    ``os.register_at_fork`` hook runs there. Announced from the middle, its pid (reaped
-    by the session at once) was watched, interrupted and killed, while the real copy ran
-    on unwatched: a lost fork's process went on, and its own exit read as a timeout
-    (thirty-third red-team round). Within the family, the code still chooses which of
-    its processes answers for a fork, as it chooses what that fork runs."""
-    give_up = time.monotonic() + ADOPTION_BUDGET
+    ``os.register_at_fork`` hook runs there. Announced from the middle, its pid, reaped by
+    the session at once and free for the next process, was watched, interrupted and killed
+    (thirty-third red-team round). Not a proof that the announcer is the copy: an orphan
+    the code makes is adopted too, and within its family the code chooses which of its
+    processes answers for a fork, as it chooses what the fork runs (docs/security.md,
+    finding 83)."""
     while True:
         try:
             os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
