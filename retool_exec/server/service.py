@@ -133,7 +133,11 @@ class SandboxService:
                 script=script,
                 auto_print=self.sandbox.auto_print,
             )
-        free = self.free_wait(request.compile_timeout, request.run_timeout, timeout)
+        # Only a compile_timeout the client sent is time it allows: SkyRL's coder1 sends
+        # none and reads for run_timeout + 2 s, so the default's 10 s of waiting had its
+        # correct answers arrive after it gave up (thirty-third red-team round).
+        allowed = request.compile_timeout if "compile_timeout" in request.model_fields_set else 0
+        free = self.free_wait(allowed, request.run_timeout, timeout)
         queued = time.monotonic()
         result = await self._run(
             lambda: self._run_in_time(call, excess=time.monotonic() - queued - free),

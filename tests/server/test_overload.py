@@ -115,6 +115,14 @@ def test_queue_wait_is_bounded_by_the_requests_own_timeouts() -> None:
                 assert refused.status_code == 504
                 assert refused.headers["retry-after"]
                 assert budget <= waited < budget + 1.0, (compile_timeout, run_timeout, waited)
+            # SkyRL's coder1 sends no compile_timeout and reads for run_timeout + 2 s: it is
+            # given no compile time to wait (the default's 10 s made its answers late).
+            coder1 = {"code": "1", "language": "python", "stdin": None, "run_timeout": 1.0}
+            started = time.monotonic()
+            refused = http.post(f"{url}/run_code", json=coder1, timeout=30)
+            waited = time.monotonic() - started
+            assert refused.status_code == 504
+            assert 0.5 <= waited < 1.5, waited
         finally:
             gate.set()
             holder.join(30)
