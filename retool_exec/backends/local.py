@@ -136,34 +136,38 @@ _BOOTSTRAP = (
     "except SystemExit:\n"
     "    raise\n"
     "except BaseException as _retool_exc:\n"
-    "    _retool_exc.with_traceback(_retool_exc.__traceback__.tb_next)\n"
+    # The exceptions' C slots, as python3 reads them: a property of the code's class
+    # (``__traceback__`` raising SystemExit(0)) made its failure a success.
+    "    _retool_tb = BaseException.__dict__['__traceback__']\n"
+    "    _retool_tb.__set__(_retool_exc, _retool_tb.__get__(_retool_exc).tb_next)\n"
     "    _retool_sys = __import__('sys')\n"
-    "    _retool_type = _retool_exc.__class__\n"
+    "    _retool_type = type(_retool_exc)\n"
     "    _retool_hook = _retool_sys.__dict__.get('excepthook')\n"
     "    _retool_sys.last_type, _retool_sys.last_value = _retool_type, _retool_exc\n"
-    "    _retool_sys.last_traceback = _retool_exc.__traceback__\n"  # as python3 sets them
+    "    _retool_sys.last_traceback = _retool_tb.__get__(_retool_exc)\n"  # as python3 sets them
     "    try:\n"
     "        _retool_sys.audit('sys.excepthook', _retool_hook, _retool_type, _retool_exc,\n"
-    "            _retool_exc.__traceback__)\n"
+    "            _retool_tb.__get__(_retool_exc))\n"
     "    except RuntimeError:\n"  # an audit hook refused it: python3 prints nothing
     "        raise SystemExit(1) from None\n"
     "    try:\n"
     "        if _retool_hook is None:\n"  # as python3 says it
     "            _retool_sys.stderr.write('sys.excepthook is missing\\n')\n"
     "            _retool_sys.excepthook = _retool_hook = _retool_sys.__excepthook__\n"
-    "        _retool_hook(_retool_type, _retool_exc, _retool_exc.__traceback__)\n"
+    "        _retool_hook(_retool_type, _retool_exc, _retool_tb.__get__(_retool_exc))\n"
     "    except SystemExit:\n"  # python3 exits with a hook's SystemExit, silently
     "        raise\n"
     "    except BaseException as _retool_hook:\n"  # as python3 reports a hook that raised
-    "        _retool_hook.with_traceback(_retool_hook.__traceback__.tb_next)\n"
-    "        if _retool_hook.__context__ is _retool_exc:\n"
-    "            _retool_hook.__context__ = None\n"
+    "        _retool_tb.__set__(_retool_hook, _retool_tb.__get__(_retool_hook).tb_next)\n"
+    "        _retool_context = BaseException.__dict__['__context__']\n"
+    "        if _retool_context.__get__(_retool_hook) is _retool_exc:\n"
+    "            _retool_context.__set__(_retool_hook, None)\n"
     "        _retool_sys.stderr.write('Error in sys.excepthook:\\n')\n"
     "        _retool_sys.__excepthook__(\n"
-    "            type(_retool_hook), _retool_hook, _retool_hook.__traceback__)\n"
+    "            type(_retool_hook), _retool_hook, _retool_tb.__get__(_retool_hook))\n"
     "        _retool_sys.stderr.write('\\nOriginal exception was:\\n')\n"
     "        _retool_sys.__excepthook__(\n"
-    "            type(_retool_exc), _retool_exc, _retool_exc.__traceback__)\n"
+    "            _retool_type, _retool_exc, _retool_tb.__get__(_retool_exc))\n"
     "    if type(_retool_exc) is KeyboardInterrupt:\n"  # python3 then ends by SIGINT (-2)
     "        _retool_sys.excepthook = lambda *printed: None\n"
     "        raise _retool_exc\n"

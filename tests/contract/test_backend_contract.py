@@ -1225,6 +1225,37 @@ class TestBackendContract:
             "Einside\n: m\n"
         ), result
 
+    def test_a_hooks_exception_whose_class_answers_for_itself_is_reported_as_python3_does(
+        self, sandbox: Sandbox
+    ) -> None:
+        """The agent read the hook's exception's ``__traceback__`` as an attribute: a
+        property that raised ``SystemExit`` there left nothing printed (the review of the
+        thirty-third round); python3 reads the C slot."""
+        code = (
+            "import sys\n"
+            "class H(Exception):\n"
+            "    @property\n"
+            "    def __traceback__(self):\n"
+            "        raise SystemExit(0)\n"
+            "def hook(*a):\n"
+            "    raise H('hook')\n"
+            "sys.excepthook = hook\n"
+            "raise ValueError('v')"
+        )
+        result = sandbox.run_code(code)
+        assert (result.outcome, result.returncode) == (Outcome.ERROR, 1), result
+        assert result.stderr == (
+            "Error in sys.excepthook:\n"
+            "Traceback (most recent call last):\n"
+            '  File "<sandbox>", line 7, in hook\n'
+            "H: hook\n"
+            "\n"
+            "Original exception was:\n"
+            "Traceback (most recent call last):\n"
+            '  File "<sandbox>", line 9, in <module>\n'
+            "ValueError: v\n"
+        ), result
+
     def test_a_failing_excepthook_is_reported_as_python3_reports_it(self, sandbox: Sandbox) -> None:
         code = "import sys\nsys.excepthook = lambda *a: 1/0\nraise ValueError('v')"
         result = sandbox.run_code(code)

@@ -1202,13 +1202,16 @@ def _print_hook_failure(hook_error: BaseException, exc: BaseException) -> None:
     round); the hook's traceback starts at the hook, not in the agent. Never raises:
     the exceptions are the code's, and so are their attributes."""
     try:
-        hook_error.__traceback__ = _without_agent_frames(hook_error.__traceback__)
-        if hook_error.__context__ is exc:  # raised while ``exc`` was handled: by the agent
-            hook_error.__context__ = None
+        # (through the C slots, as python3 reads them: see ``_code_traceback``)
+        trimmed = _without_agent_frames(_TRACEBACK_SLOT.__get__(hook_error))
+        _TRACEBACK_SLOT.__set__(hook_error, trimmed)
+        context = _EXCEPTION_SLOTS["__context__"]
+        if context.__get__(hook_error) is exc:  # raised while ``exc`` was handled: by the agent
+            context.__set__(hook_error, None)
         _write_stderr("Error in sys.excepthook:\n")
-        _default_excepthook(type(hook_error), hook_error, hook_error.__traceback__)
+        _default_excepthook(type(hook_error), hook_error, trimmed)
         _write_stderr("\nOriginal exception was:\n")
-        _default_excepthook(type(exc), exc, exc.__traceback__)
+        _default_excepthook(type(exc), exc, _TRACEBACK_SLOT.__get__(exc))
     except BaseException:
         pass
 
@@ -1674,7 +1677,7 @@ class _unraisable_without_agent_frames:
                     (
                         type(failure),
                         failure,
-                        _without_agent_frames(failure.__traceback__),
+                        _without_agent_frames(_TRACEBACK_SLOT.__get__(failure)),
                         "Exception ignored in sys.unraisablehook",
                         hook,
                     )
@@ -1783,8 +1786,9 @@ def _report_unraisable(exc: BaseException, owner: object, message: str | None = 
     if kind is None:
         return
     try:
-        exc.__traceback__ = _without_agent_frames(exc.__traceback__)  # as python3's: none
-        report = kind((type(exc), exc, exc.__traceback__, message, owner))
+        trimmed = _without_agent_frames(_TRACEBACK_SLOT.__get__(exc))  # as python3's: none
+        _TRACEBACK_SLOT.__set__(exc, trimmed)
+        report = kind((type(exc), exc, trimmed, message, owner))
         hook = vars(sys).get("unraisablehook")
         (_default_unraisablehook if hook is None else hook)(report)
     except BaseException:
