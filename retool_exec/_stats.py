@@ -11,6 +11,7 @@ from __future__ import annotations
 import statistics
 import threading
 from collections import deque
+from typing import Any, NamedTuple
 
 from retool_exec._models import ExecResult, Outcome
 
@@ -19,89 +20,118 @@ __all__ = ["SandboxStats"]
 _LATENCY_WINDOW = 10_000
 
 
+class _Totals(NamedTuple):
+    """Every count at one moment: replaced whole, so a reader never mixes two moments
+    (a signal handler of the reading thread may count meanwhile)."""
+
+    calls: int = 0
+    successes: int = 0
+    errors: int = 0
+    timeouts: int = 0
+    latency_total: float = 0.0
+    ooms: int = 0
+    sandbox_errors: int = 0
+    queue_wait_total: float = 0.0
+
+    def counting(self, result: ExecResult) -> _Totals:
+        """These totals with ``result`` counted, the seed's way (timeout, else exit 0,
+        else error)."""
+        timed_out = result.timed_out
+        succeeded = not timed_out and result.returncode == 0
+        return _Totals(
+            calls=self.calls + 1,
+            successes=self.successes + succeeded,
+            errors=self.errors + (not timed_out and not succeeded),
+            timeouts=self.timeouts + timed_out,
+            latency_total=self.latency_total + result.latency,
+            ooms=self.ooms + (result.outcome is Outcome.OOM),
+            sandbox_errors=self.sandbox_errors + (result.outcome is Outcome.SANDBOX_ERROR),
+            queue_wait_total=self.queue_wait_total + result.queue_wait,
+        )
+
+
+def _total(name: str) -> Any:
+    def read(self: SandboxStats) -> Any:
+        return getattr(self.totals(), name)
+
+    read.__name__ = name
+    return property(read, doc=f"The ``{name}`` so far (every recorded result counted).")
+
+
 class SandboxStats:
     """Counters over every recorded result; ``metrics()`` is what a trainer logs."""
 
     def __init__(self) -> None:
-        self._lock = threading.RLock()  # (reentrant: see ``LoopThread._gate``)
-        self.calls = 0
-        self.successes = 0
-        self.errors = 0
-        self.timeouts = 0
-        self.latency_total = 0.0
-        self.ooms = 0
-        self.sandbox_errors = 0
-        self.queue_wait_total = 0.0
+        self._lock = threading.RLock()  # (reentrant: a signal handler of its holder)
+        self._totals = _Totals()
         self._recent: deque[float] = deque(maxlen=_LATENCY_WINDOW)
         self._pending: deque[ExecResult] = deque()
+        self._counting = False
+
+    calls = _total("calls")
+    successes = _total("successes")
+    errors = _total("errors")
+    timeouts = _total("timeouts")
+    latency_total = _total("latency_total")
+    ooms = _total("ooms")
+    sandbox_errors = _total("sandbox_errors")
+    queue_wait_total = _total("queue_wait_total")
 
     def record(self, result: ExecResult) -> None:
-        """Count one result, classified the seed's way (timeout, else exit 0, else error).
+        """Count one result.
 
         Never waits for the lock: the result is queued (``deque.append`` is atomic) and
-        counted now if the lock is free, else by whoever holds it, as it lets go. Why: a
-        signal handler that closed the sandbox while its thread was in ``metrics()``
-        waited for a call's end, whose ``record`` waited for that thread's lock: the
-        process hung (the review of the thirty-third red-team round)."""
+        what is queued is counted now if the lock is free; readers count the rest first.
+        Why: a signal handler that closed the sandbox while its thread was in
+        ``metrics()`` waited for a call's end, whose ``record`` waited for that thread's
+        lock: the process hung (the review of the thirty-third red-team round)."""
         self._pending.append(result)
-        self._count_pending()
-
-    def _count_pending(self) -> None:
-        """Count what is queued, unless another holds the lock (it counts it as it lets go:
-        each holder looks again after its release, so nothing queued stays uncounted)."""
-        while self._pending and self._lock.acquire(blocking=False):
+        if self._lock.acquire(blocking=False):
             try:
                 self._count_queued()
             finally:
                 self._lock.release()
 
+    def totals(self) -> _Totals:
+        """Every count, with every result recorded before this call in it."""
+        with self._lock:
+            self._count_queued()
+            return self._totals
+
     def _count_queued(self) -> None:
-        """Under the lock: count every queued result (one at a time: a signal handler of
-        this thread may count the rest meanwhile)."""
-        while True:
-            try:
+        """Under the lock: count the results queued as it starts (no more: a thread that
+        records does not go on counting what others keep queueing). A signal handler of
+        the thread already counting does not count too (the two would each add to the
+        same old totals, and a result would be lost): the outer count takes it."""
+        if self._counting:
+            return
+        self._counting = True
+        try:
+            for _ in range(len(self._pending)):
                 result = self._pending.popleft()
-            except IndexError:
-                return
-            self.calls += 1
-            self.latency_total += result.latency
-            self.queue_wait_total += result.queue_wait
-            self._recent.append(result.latency)
-            if result.timed_out:
-                self.timeouts += 1
-            elif result.returncode == 0:
-                self.successes += 1
-            else:
-                self.errors += 1
-            if result.outcome is Outcome.OOM:
-                self.ooms += 1
-            elif result.outcome is Outcome.SANDBOX_ERROR:
-                self.sandbox_errors += 1
+                self._recent.append(result.latency)
+                self._totals = self._totals.counting(result)
+        finally:
+            self._counting = False
 
     def metrics(self) -> dict[str, float]:
         """The seed's four rates first, then the added keys (all ``sandbox/...``)."""
-        try:
-            return self._metrics()
-        finally:
-            self._count_pending()
-
-    def _metrics(self) -> dict[str, float]:
         with self._lock:
             self._count_queued()
-            calls = max(self.calls, 1)
-            recent = sorted(self._recent)
-            return {
-                "sandbox/success_rate": self.successes / calls,
-                "sandbox/error_rate": self.errors / calls,
-                "sandbox/timeout_rate": self.timeouts / calls,
-                "sandbox/latency": self.latency_total / calls,
-                "sandbox/oom_rate": self.ooms / calls,
-                "sandbox/sandbox_error_rate": self.sandbox_errors / calls,
-                "sandbox/latency_p50": _quantile(recent, 0.50),
-                "sandbox/latency_p95": _quantile(recent, 0.95),
-                "sandbox/queue_wait": self.queue_wait_total / calls,
-                "sandbox/calls": float(self.calls),
-            }
+            totals, recent = self._totals, sorted(self._recent)
+        calls = max(totals.calls, 1)
+        return {
+            "sandbox/success_rate": totals.successes / calls,
+            "sandbox/error_rate": totals.errors / calls,
+            "sandbox/timeout_rate": totals.timeouts / calls,
+            "sandbox/latency": totals.latency_total / calls,
+            "sandbox/oom_rate": totals.ooms / calls,
+            "sandbox/sandbox_error_rate": totals.sandbox_errors / calls,
+            "sandbox/latency_p50": _quantile(recent, 0.50),
+            "sandbox/latency_p95": _quantile(recent, 0.95),
+            "sandbox/queue_wait": totals.queue_wait_total / calls,
+            "sandbox/calls": float(totals.calls),
+        }
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from retool_exec import RunRequest, Sandbox, add_auto_print
+from retool_exec.backends.docker.agent import auto_print
 from retool_exec.backends.docker.agent.auto_print import compile_auto_printed
 from retool_exec.backends.fake import FakeBackend
 
@@ -378,5 +379,6 @@ def test_a_file_named_ast_in_the_working_directory_is_not_imported(
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend("")
     monkeypatch.delitem(sys.modules, "ast")
+    monkeypatch.setattr(auto_print._Stdlib, "ast", None)  # not kept from an earlier test
     assert run_compiled("2 + 3") == "5\n"
-    assert sys.modules["ast"].__file__ != str(tmp_path / "ast.py")
+    assert auto_print.stdlib_ast().__file__ != str(tmp_path / "ast.py")

@@ -146,3 +146,46 @@ def test_concurrent_records_lose_nothing() -> None:
     assert stats.successes + stats.errors + stats.timeouts == stats.calls
     expected = [sum(1 for n in range(32) for i in range(500) if (n + i) % 3 == k) for k in range(3)]
     assert [stats.successes, stats.errors, stats.timeouts] == expected
+
+
+def test_handlers_and_threads_reading_while_others_record_see_one_moment_and_lose_nothing() -> None:
+    """A call's ``record`` no longer waits for the lock; a signal handler that read the
+    stats while its thread was counting added the queue to totals the thread had half
+    read (a success rate of 2001), or could count one result over another (the review of
+    the thirty-third red-team round). Every read is of one moment, and every result is
+    counted once."""
+    import signal
+
+    stats = SandboxStats()
+    ok = ExecResult(True, "", "", 0, False, 0.5)
+    bad: list[dict[str, float]] = []
+
+    def read(*_: object) -> None:
+        metrics = stats.metrics()
+        if metrics["sandbox/success_rate"] > 1 or metrics["sandbox/latency"] > 0.5 + 1e-9:
+            bad.append(metrics)
+
+    def recorder() -> None:
+        for _ in range(10_000):
+            stats.record(ok)
+
+    previous = signal.signal(signal.SIGALRM, read)
+    signal.setitimer(signal.ITIMER_REAL, 0.01, 0.01)  # (slower than a read: no nesting)
+    try:
+        threads = [threading.Thread(target=recorder) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        mine = 0
+        while any(thread.is_alive() for thread in threads):
+            read()
+            stats.record(ok)
+            mine += 1
+        for thread in threads:
+            thread.join()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert not bad, bad[:3]
+    assert stats.calls == stats.successes == 30_000 + mine
+    assert stats.metrics()["sandbox/calls"] == stats.calls
+    assert stats.errors == stats.timeouts == 0

@@ -1291,11 +1291,24 @@ _EXCEPTION_SLOTS = {
 }
 
 
+_INTERPRETERS_MODULES = sys.modules
+"""The interpreter's own table of modules, which its C code imports from (a call may bind
+``sys.modules`` to another object; this one it can only change)."""
+
+
 def _prints_by_itself(exc: BaseException) -> bool:
     """Whether the default hook prints ``exc`` and its chain without running any Python of
     the code's: plain builtin exceptions (``_PLAIN_EXCEPTIONS``) whose arguments are plain
-    values and which carry no attribute of their own (notes included). Read through the
-    exceptions' C slots; a chain is followed as the hook follows it, up to 100 links."""
+    values and which carry no attribute of their own (notes included), read through the
+    exceptions' C slots, a chain followed as the hook follows it, up to 100 links; and the
+    ``io`` the hook opens each frame's source file with still the C library's (a call
+    that replaced ``io.open`` ran its code between the traceback's lines: the review of
+    the thirty-third round)."""
+    io_module = _INTERPRETERS_MODULES.get("io")
+    if io_module is not io or vars(io).get("open") is not _io.open:
+        return False
+    if vars(io).get("TextIOWrapper") is not _io.TextIOWrapper:
+        return False
     pending: list[BaseException] = [exc]
     for _ in range(100):
         if not pending:
