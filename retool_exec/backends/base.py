@@ -27,7 +27,10 @@ MAX_STACK_MB = 1 << 16
 
 def exact_bytes(data: bytes | bytearray | memoryview) -> bytes:
     """``data``'s content as exact ``bytes``, read through the buffer protocol: never a
-    ``bytes`` subclass's ``__len__`` or ``__bytes__``, which are the caller's code."""
+    ``bytes`` subclass's ``__len__`` or ``__bytes__``, which are the caller's code. Exact
+    ``bytes`` are returned as they are (a 16 MiB stdin is not copied on the call's path)."""
+    if type(data) is bytes:
+        return data
     with memoryview(data) as view:
         return view.tobytes()
 

@@ -305,8 +305,11 @@ def check_uploads(files: dict[str, bytes]) -> dict[str, bytes]:
             raise ValueError(f"content of {path!r} must be bytes, not {type(content).__name__}")
         if path in checked:
             raise ValueError(f"file {path!r} is given twice")
-        with memoryview(content) as view:  # its content, never a subclass's __len__
-            checked[path] = view.tobytes()
+        if type(content) is bytes:
+            checked[path] = content  # (not copied)
+        else:
+            with memoryview(content) as view:  # its content, never a subclass's __len__
+                checked[path] = view.tobytes()
         total += len(checked[path])
     if total > MAX_UPLOAD_BYTES:
         raise ValueError(f"{total} bytes of files uploaded; at most {MAX_UPLOAD_BYTES}")
