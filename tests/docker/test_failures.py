@@ -726,6 +726,84 @@ def test_a_cell_whose_agent_is_stopped_from_outside_loses_its_session_on_time(
     assert took < 1 + 1 + 2.0 + 1.0, took  # the cell's limit, the interrupt's, the grace
 
 
+def _shim_of(pid: int) -> int:
+    """The host pid of the containerd shim that copies container ``pid``'s stdio to Docker."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+        parent = int(stat.read().rpartition(")")[2].split()[1])
+    with open(f"/proc/{parent}/comm", encoding="ascii") as comm:
+        assert comm.read().startswith("containerd-shim"), parent
+    return parent
+
+
+@contextlib.contextmanager
+def stream_stalled(pid: int, after: float, seconds: float) -> Iterator[None]:
+    """Docker's stream of container ``pid`` stalled from ``after`` s on for ``seconds``
+    (its shim stopped: the agent answers into a pipe nobody reads), as a loaded daemon
+    stalls it; the shim is let go whatever the test did."""
+    shim = _shim_of(pid)
+    stopper = threading.Timer(after, os.kill, (shim, signal.SIGSTOP))
+    resumer = threading.Timer(after + seconds, os.kill, (shim, signal.SIGCONT))
+    stopper.start()
+    resumer.start()
+    try:
+        yield
+    finally:
+        stopper.join()
+        resumer.cancel()
+        os.kill(shim, signal.SIGCONT)
+
+
+def test_a_right_answer_dockers_stream_held_past_the_deadline_is_still_the_answer(
+    stoppable: tuple[Sandbox, int],
+) -> None:
+    """An answer the agent gave in time, held in Docker's stream past the call's deadline
+    (a loaded daemon; here the container's shim stopped), was the sandbox's failure: "the
+    agent was silent past the deadline, its container idle" (the soak beside a review's
+    test runs, 2 of 120 limit-hitting calls). The agent waits for its next request, so the
+    host waits for the stream, ``ANSWER_IN_TRANSIT`` at most."""
+    sandbox, pid = stoppable
+    with stream_stalled(pid, after=0.25, seconds=1 + 2.0 + 1.0):  # past limit + grace
+        result = sandbox.run_code("import time\ntime.sleep(0.5)\nprint('right')")
+    assert (result.outcome, result.stdout) == (Outcome.SUCCESS, "right\n"), result
+    assert sandbox.run_code("print('next')").stdout == "next\n"
+
+
+def test_an_answer_the_stream_never_delivers_is_the_sandboxs_failure_on_time(
+    stoppable: tuple[Sandbox, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wait for an answer in transit is bounded: past it the call is the sandbox's
+    failure, and says why."""
+    from retool_exec.backends.docker import backend
+
+    monkeypatch.setattr(backend, "ANSWER_IN_TRANSIT", 1.0)
+    sandbox, pid = stoppable
+    began = time.monotonic()
+    with stream_stalled(pid, after=0.25, seconds=30):
+        result = sandbox.run_code("import time\ntime.sleep(0.5)\nprint('right')")
+        took = time.monotonic() - began
+    assert result.outcome is Outcome.SANDBOX_ERROR, result
+    assert "Docker's stream did not deliver its answer within 1 s" in result.detail, result
+    assert took < 1 + 2.0 + 1.0 + 1.5, took  # the limit, the grace, the wait in transit
+
+
+def test_a_cells_answer_held_in_dockers_stream_past_its_deadline_keeps_the_session(
+    stoppable: tuple[Sandbox, int],
+) -> None:
+    """The same for a session's cell: its answer, held in the stream past the cell's
+    deadline, lost the session as the sandbox's failure."""
+    sandbox, _ = stoppable
+    with sandbox.session() as session:
+        assert session.run_code("x = 41").ok
+        [family] = sandbox.backend._session_containers  # type: ignore[attr-defined]
+        client = docker.from_env()
+        pid = client.api.inspect_container(family.id)["State"]["Pid"]
+        client.close()
+        with stream_stalled(pid, after=0.25, seconds=1 + 1 + 2.0 + 1.0):  # limits + grace
+            result = session.run_code("import time\ntime.sleep(0.5)\nprint(x + 1)")
+        assert (result.outcome, result.stdout) == (Outcome.SUCCESS, "42\n"), result
+        assert session.run_code("print(x)").stdout == "41\n"
+
+
 def test_under_gvisor_fork_bombs_in_cells_are_their_own_timeouts_on_time() -> None:
     """Six fork bombs in cells of six session families under gVisor, each run to its
     2 s limit: their agents were silent past the grace and the cells came back as the

@@ -52,6 +52,10 @@ as broken (paused, wedged) and, since the code provably never ran, the call move
 LATE_PROBE = 0.5
 """Seconds past its time limit at which a call the agent has not answered has its
 container's CPU noted (``_note_cpu``; a quarter of ``host_grace`` if less)."""
+ANSWER_IN_TRANSIT = 5.0
+"""Seconds more a call waits, at the end of its wait, for an answer its runc agent has
+given (it waits for its next request): Docker's stream can stall that long on a loaded
+host (``host_process``). Past them the call is the sandbox's failure, as before."""
 RESULT_AFTER_LIMIT = 0.8
 """Seconds past its time limit that a call's result may take once the agent has said the
 call ended (an ``ended`` frame): then the call comes back on time with its own outcome,
@@ -79,6 +83,17 @@ class CallProgress:
     and the container's CPU seconds then (``_note_cpu``)."""
     cpu_noted = False
     """Whether ``receive_noting_cpu`` took its one note (the probe may have found none)."""
+    in_transit_until: float | None = None
+    """Set when the wait ended with the agent waiting for its next request: the
+    ``time.monotonic()`` until which the host waits for its answer in Docker's stream."""
+
+
+def stream_stalled() -> str:
+    """Why a call whose agent answered (``host_process``) got no answer: the stream's."""
+    return (
+        "the agent answered, but Docker's stream did not deliver its answer within "
+        f"{ANSWER_IN_TRANSIT:g} s of the deadline; the container was killed"
+    )
 
 
 def _may_run_again(attempt: int, progress: CallProgress, broken: bool = False) -> bool:
@@ -255,6 +270,7 @@ class DockerBackend(Backend):
                     held_up = (  # asked before the container is retired (and killed)
                         past
                         and progress.ended is None
+                        and progress.in_transit_until is None
                         and await self.held_up_by_its_code(container, progress)
                     )
                 finally:
@@ -271,11 +287,13 @@ class DockerBackend(Backend):
                 if oom:  # the code outgrew the container (gVisor kills the sandbox as a whole)
                     return self._container_oom(started, waited)
                 if isinstance(exc, TimeoutError) and progress.ended is not None:
-                    return self._output_lost(progress.ended, started, waited)
+                    return self._output_lost(progress, started, waited)
                 if held_up:
                     return self._silent_past_deadline(
                         container, oom_before, request, started, waited
                     )
+                if isinstance(exc, TimeoutError) and progress.in_transit_until is not None:
+                    return self._failure(started, stream_stalled(), waited)
                 if isinstance(exc, TimeoutError):
                     return self._failure(
                         started,
@@ -479,7 +497,13 @@ class DockerBackend(Backend):
             until = deadline if progress.code_started else start_deadline
             if progress.ended is not None:
                 until = min(until, taken + request.timeout + RESULT_AFTER_LIMIT)
-            reply = await self.receive_noting_cpu(container, progress, until=until, late=late)
+            # Not before the code began and the deadline ends: that call runs elsewhere.
+            final = progress.code_started or until >= deadline
+            if progress.in_transit_until is not None:
+                until = progress.in_transit_until
+            reply = await self.receive_noting_cpu(
+                container, progress, until=until, late=late, in_transit=final
+            )
             authentic = reply.get("id") == call_id and hmac.compare_digest(
                 str(reply.get("nonce")), container.nonce
             )
@@ -518,23 +542,46 @@ class DockerBackend(Backend):
         *,
         until: float,
         late: float | None,
+        in_transit: bool = True,
     ) -> dict[str, Any]:
         """The agent's next frame, waited for until ``until`` (``time.monotonic()``; then
         TimeoutError); if the agent is still silent at ``late``, the container's CPU is
         noted there once per call (``_note_cpu``) and the wait goes on. A call's wait and a
-        session cell's share it."""
+        session cell's share it.
+
+        ``in_transit``: at ``until``, an agent found waiting for its next request has
+        answered (``host_process``), and the wait goes on, once per call, until
+        ``ANSWER_IN_TRANSIT`` later (``progress.in_transit_until``)."""
         while True:
             noting = late is not None and not progress.cpu_noted
             wake = min(until, late) if noting and late is not None else until
             try:
                 return await container.channel.receive(timeout=max(0.0, wake - time.monotonic()))
             except TimeoutError:
-                # Only the note's wake goes on (a timeout leaves a frame half read where it
-                # was: the wait resumes); any other bound ends the wait.
-                if not noting or time.monotonic() >= until:
+                # The note's wake and an answer in transit go on (a timeout leaves a frame
+                # half read where it was: the wait resumes); any other bound ends the wait.
+                if noting and time.monotonic() < until:
+                    progress.cpu_noted = True
+                    await self._note_cpu(container, progress)
+                    continue
+                if not (in_transit and await self._answer_in_transit(container, progress)):
                     raise
-                progress.cpu_noted = True
-                await self._note_cpu(container, progress)
+                until = progress.in_transit_until or until
+
+    async def _answer_in_transit(self, container: SandboxContainer, progress: CallProgress) -> bool:
+        """Whether, the first time a wait ends, the agent waits for its next request (it
+        answered; Docker's stream holds the answer): the wait's new end is noted."""
+        if progress.in_transit_until is not None or self._factory is None:
+            return False
+        if not await self._factory.awaits_next_request(container.id):
+            return False
+        progress.in_transit_until = time.monotonic() + ANSWER_IN_TRANSIT
+        log.warning(
+            "container %s: the agent answered but Docker's stream is silent; waiting %g s more",
+            container.id[:12],
+            ANSWER_IN_TRANSIT,
+        )
+        return True
 
     async def _note_cpu(self, container: SandboxContainer, progress: CallProgress) -> None:
         """Note the container's CPU seconds now (``LATE_PROBE`` past the call's limit, the
@@ -673,10 +720,11 @@ class DockerBackend(Backend):
         log.warning("%s", detail)
         return self._without_output(Outcome.TIMEOUT, None, True, started, waited, detail)
 
-    def _output_lost(self, ended: dict[str, Any], started: float, waited: float) -> ExecResult:
+    def _output_lost(self, progress: CallProgress, started: float, waited: float) -> ExecResult:
         """The call's own outcome, from the agent's ``ended`` frame, when its result (fetched
         files, cells, large output) did not arrive by the deadline: the outcome stands,
         the output is lost and said to be (the container, still busy, is retired)."""
+        ended = progress.ended or {}
         timed_out = bool(ended.get("timed_out"))
         raw_code = ended.get("returncode")
         returncode = None if timed_out or not isinstance(raw_code, int) else raw_code
@@ -685,6 +733,8 @@ class DockerBackend(Backend):
             "the call's output was lost: its result (large output, fetched files or cells) "
             f"did not arrive within {RESULT_AFTER_LIMIT:g} s of its time limit"
         )
+        if progress.in_transit_until is not None:
+            detail += f" (nor {ANSWER_IN_TRANSIT:g} s later, though the agent had answered)"
         log.warning("%s", detail)
         return self._without_output(outcome, returncode, timed_out, started, waited, detail)
 

@@ -37,6 +37,7 @@ from retool_exec.backends.docker.host_cgroup import (
     cpu_seconds,
     find_host_memory,
 )
+from retool_exec.backends.docker.host_process import waits_to_read_stdin
 from retool_exec.backends.docker.oom_events import OomEvents
 from retool_exec.backends.docker.protocol import AgentChannel, ProtocolError
 
@@ -558,6 +559,25 @@ class ContainerFactory:
             if state.get("Paused") or not state.get("Running") or not isinstance(pid, int):
                 return False
             return busy(pid, since=since) is not False
+
+        try:
+            return await self._blocking(inspect, probe=True)
+        except Exception:
+            return False
+
+    async def awaits_next_request(self, container_id: str) -> bool:
+        """Whether the agent of a running container (runc: the host sees it as a process)
+        is blocked reading its next request: it answered what it was sent, and a silence
+        is Docker's stream's (``host_process``). False where the host cannot tell."""
+        if self.config.runtime not in {None, "", "runc"}:
+            return False
+
+        def inspect() -> bool:
+            state = self.client.api.inspect_container(container_id).get("State", {})
+            pid = state.get("Pid")
+            if state.get("Paused") or not state.get("Running") or not isinstance(pid, int):
+                return False
+            return pid > 0 and waits_to_read_stdin(pid) is True
 
         try:
             return await self._blocking(inspect, probe=True)

@@ -32,6 +32,7 @@ from retool_exec.backends.docker.backend import (
     LATE_PROBE,
     CallProgress,
     agent_outcome,
+    stream_stalled,
     streams,
 )
 from retool_exec.backends.docker.containers import SandboxContainer
@@ -172,12 +173,15 @@ class SessionFamily:
             self.held_up = (
                 cell
                 and not self.oom
+                and progress.in_transit_until is None
                 and await self.backend.held_up_by_its_code(container, progress)
             )
         else:
             self.oom = await self.backend.container_oom_killed(container, oom_before)
         if self.oom:
             self.lost = "the session's container ran out of memory and was killed"
+        elif isinstance(exc, TimeoutError) and progress.in_transit_until is not None:
+            self.lost = stream_stalled()
         elif self.held_up:
             self.lost = (
                 f"the session's agent was silent past the deadline ({timeout:.1f}s), held up "

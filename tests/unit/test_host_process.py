@@ -1,0 +1,90 @@
+"""``host_process``: what the host reads of a process to tell an agent waiting for its
+next request (an answer in Docker's stream) from one that is busy, stopped or gone."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from retool_exec.backends.docker.host_process import (
+    READ_SYSCALL,
+    syscall_reads_stdin,
+    waits_to_read_stdin,
+)
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("0 0x0 0x7f00 0x4 0x0 0x0 0x0 0x7ffd 0x7f00", True),
+        ("0 0x3 0x7f00 0x4 0x0 0x0 0x0 0x7ffd 0x7f00", False),  # read, another descriptor
+        ("7 0x0 0x1 0xffffffff 0x0 0x0 0x0 0x7ffd 0x7f00", False),  # poll
+        ("running", False),
+        ("-1 0x7ffd 0x7f00", False),  # blocked outside a system call
+        ("", False),
+        ("zero 0x0", None),
+    ],
+)
+def test_a_syscall_line_reads_as_reading_stdin_only_for_read_on_descriptor_0(
+    line: str, expected: bool | None
+) -> None:
+    assert syscall_reads_stdin(line.split(), 0) is expected
+
+
+@pytest.fixture()
+def reader() -> Iterator[subprocess.Popen[bytes]]:
+    """A process blocked reading its standard input, ended whatever the test did."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", "import os; os.read(0, 1)"], stdin=subprocess.PIPE
+    )
+    try:
+        yield process
+    finally:
+        process.kill()
+        process.wait()
+        assert process.stdin is not None
+        process.stdin.close()
+
+
+def _until(predicate: Callable[[], bool], seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or os.uname().machine.lower() not in READ_SYSCALL,
+    reason="reads Linux's /proc on a machine whose read call it knows",
+)
+def test_a_process_reads_as_waiting_only_while_it_sleeps_in_read(
+    reader: subprocess.Popen[bytes],
+) -> None:
+    """Stopped in the same call (a signal, a tracer) it answers nothing: not waiting. Gone,
+    the host cannot tell."""
+    assert _until(lambda: waits_to_read_stdin(reader.pid) is True)
+    os.kill(reader.pid, signal.SIGSTOP)
+    assert _until(lambda: waits_to_read_stdin(reader.pid) is False)
+    os.kill(reader.pid, signal.SIGCONT)
+    assert _until(lambda: waits_to_read_stdin(reader.pid) is True)
+    reader.kill()
+    reader.wait()
+    assert waits_to_read_stdin(reader.pid) is None
+
+
+def test_a_busy_process_is_not_waiting() -> None:
+    process = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        assert waits_to_read_stdin(process.pid) is not True
+    finally:
+        process.kill()
+        process.wait()
