@@ -718,6 +718,22 @@ class TestBackendContract:
         assert result.files == {"small": b"1" * 3000}, result
         assert result.fetch_errors == {"big": "5000 bytes; 1096 bytes of fetch budget left"}
 
+    def test_a_file_the_code_could_open_is_fetched_through_a_directory_it_cannot_list(
+        self, sandbox: Sandbox
+    ) -> None:
+        """The path is passed through as python3 opening it passes: a directory made
+        execute-only refused the fetch under Docker (the thirty-third round)."""
+        code = (
+            "import os\nos.makedirs('d/e')\nopen('d/e/f', 'w').write('kept')\n"
+            "os.chmod('d/e', 0o311)\nos.chmod('d', 0o111)\nprint(open('d/e/f').read())"
+        )
+        result = sandbox.run_code(code, fetch=["d/e/f"])
+        assert (result.stdout, result.files, result.fetch_errors) == (
+            "kept\n",
+            {"d/e/f": b"kept"},
+            {},
+        )
+
     def test_a_link_is_not_followed_when_fetched(self, sandbox: Sandbox) -> None:
         code = "import os\nos.symlink('/etc/hostname', 'link')\nos.symlink('.', 'up')"
         result = sandbox.run_code(code, fetch=["link", "up/link"])

@@ -615,7 +615,10 @@ def oom_kills() -> int | None:
 
 # -- files in and out ---------------------------------------------------------------------
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+"""Directories walked to an upload or a fetched file: passed through, not read (O_PATH),
+as python3 opening the path does. Opened for reading, a directory the code had made
+execute-only (``chmod 0o311``) refused a fetch of a file its code could open."""
 
 
 def _open_parent(root_fd: int, path: str, create: bool) -> tuple[int, str]:
