@@ -118,7 +118,8 @@ class ExecResult(BaseModel):
     detail: str = ""
     """For sandbox failures and rejections: what went wrong, for the operator."""
     files: dict[str, bytes] = Field(default_factory=dict)
-    """Files fetched from the working directory after the call (``fetch=``), by path."""
+    """Files fetched from the working directory after the call (``fetch=``), by path as
+    the call wrote it (``./out.txt`` and ``out.txt`` are one file under two names)."""
     fetch_errors: dict[str, str] = Field(default_factory=dict)
     """Paths asked for in ``fetch=`` that could not be read back, with the reason."""
     cells: list[CellResult] = Field(default_factory=list)

@@ -599,11 +599,15 @@ class Sandbox:
             "queue_wait": slot_wait + result.queue_wait,
             "timeout": request.timeout,
         }
-        unnamed = [path for path in request.fetch if path not in result.files]
-        unnamed = [path for path in unnamed if path not in result.fetch_errors]
+        files, errors = _by_spelling(request, result)
+        unnamed = [path for path, _ in request.fetch_asked if path not in files]
+        unnamed = [path for path in unnamed if path not in errors]
         if unnamed:  # every file asked for is returned or named with a reason (fetch_errors)
-            reason = not_returned(result)
-            update["fetch_errors"] = {**result.fetch_errors, **dict.fromkeys(unnamed, reason)}
+            errors = {**errors, **dict.fromkeys(unnamed, not_returned(result))}
+        if files is not result.files:
+            update["files"] = files
+        if errors is not result.fetch_errors:
+            update["fetch_errors"] = errors
         result = result.model_copy(update=update)
         self.stats.record(result)
         return result
@@ -658,6 +662,24 @@ def _code_list(codes: Iterable[str]) -> list[str]:
     if isinstance(codes, str | bytes):
         raise TypeError("run_many() takes an iterable of code strings, not one string")
     return list(codes)
+
+
+def _by_spelling(
+    request: RunRequest, result: ExecResult
+) -> tuple[dict[str, bytes], dict[str, str]]:
+    """The result's fetched files and errors under the paths as the caller wrote them (the
+    backend names them by their normal form); the result's own when every path was
+    written in it. A file asked for in two spellings is under both, read once."""
+    if all(spelling == path for spelling, path in request.fetch_asked):
+        return result.files, result.fetch_errors
+    files: dict[str, bytes] = {}
+    errors: dict[str, str] = {}
+    for spelling, path in request.fetch_asked:
+        if path in result.files:
+            files[spelling] = result.files[path]
+        elif path in result.fetch_errors:
+            errors[spelling] = result.fetch_errors[path]
+    return files, errors
 
 
 def _as_bytes(data: object) -> bytes:

@@ -90,6 +90,12 @@ class RunRequest:
     auto_print: bool = False
     """Print the value of a final expression, as ``add_auto_print`` would. The backend does
     it where the code runs (``agent/auto_print.py``): the host never parses the code."""
+    fetch_asked: tuple[tuple[str, str], ...] = field(init=False, default=())
+    """Each fetch path as the caller wrote it, with its normalised form (``fetch``): the
+    result names a file by the caller's spelling (``Sandbox``), the backend by the form.
+    Why: keyed ``out.txt`` for a call that asked for ``./out.txt``, a present answer was
+    in neither ``files`` nor ``fetch_errors`` under the name the grader looked up (the
+    thirty-fourth red-team round)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.code, str) or not all(isinstance(c, str) for c in self.cells):
@@ -121,7 +127,10 @@ class RunRequest:
         if self.cell_output_chars is not None and self.cell_output_chars < 0:
             raise ValueError(f"cell_output_chars of {self.cell_output_chars}; at least 0")
         object.__setattr__(self, "files", wire.check_uploads(dict(self.files)))
-        object.__setattr__(self, "fetch", wire.check_fetch(tuple(self.fetch)))
+        asked = tuple(self.fetch)
+        object.__setattr__(self, "fetch", wire.check_fetch(asked))
+        spelled = tuple((str.__str__(path), wire.check_relative_path(path)) for path in asked)
+        object.__setattr__(self, "fetch_asked", spelled)
         if self.script is not None:
             object.__setattr__(self, "script", wire.check_relative_path(self.script))
             if self.script in self.files:

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from retool_exec import DockerConfig, ExecResult, Outcome, RunRequest, Sandbox
+from retool_exec import ConfigError, DockerConfig, ExecResult, Outcome, RunRequest, Sandbox
 from tests.conftest import backend_config
 
 TIMEOUT_GRACE = 1.0
@@ -733,6 +733,25 @@ class TestBackendContract:
             {"d/e/f": b"kept"},
             {},
         )
+
+    def test_fetched_files_are_named_as_the_call_asked_for_them(self, sandbox: Sandbox) -> None:
+        """Keyed by the normal form, ``./out.txt`` was in neither ``files`` nor
+        ``fetch_errors`` (the thirty-fourth round): a present answer scored missing.
+        A path ending in ``/`` names a directory, as to ``open()``: refused up front."""
+        code = "import os\nos.mkdir('sub')\nopen('out.txt', 'w').write('A')\n"
+        code += "open('sub/x', 'w').write('B')"
+        asked = ["./out.txt", "out.txt", "sub//x", "./sub/./x", "./gone"]
+        result = sandbox.run_code(code, fetch=asked)
+        assert result.files == {
+            "./out.txt": b"A",
+            "out.txt": b"A",
+            "sub//x": b"B",
+            "./sub/./x": b"B",
+        }
+        assert result.fetch_errors == {"./gone": "not found"}
+        for directory in ("out.txt/", "sub/.", "sub//"):
+            with pytest.raises(ConfigError, match="names a directory"):
+                sandbox.run_code(code, fetch=[directory])
 
     def test_a_link_is_not_followed_when_fetched(self, sandbox: Sandbox) -> None:
         code = "import os\nos.symlink('/etc/hostname', 'link')\nos.symlink('.', 'up')"

@@ -75,13 +75,15 @@ def test_cut_stream_counts_every_dropped_char() -> None:
 
 @pytest.mark.parametrize(
     ("path", "normal"),
-    [("a.txt", "a.txt"), ("./a//b/./c", "a/b/c"), ("dir/", "dir"), ("..a/b..", "..a/b..")],
+    [("a.txt", "a.txt"), ("./a//b/./c", "a/b/c"), ("..a/b..", "..a/b..")],
 )
 def test_paths_are_normalized(path: str, normal: str) -> None:
     assert normalize_path(path) == normal
 
 
-@pytest.mark.parametrize("path", ["/abs", "../x", "a/../../x", "a\x00", "", ".", "//", "a/.."])
+@pytest.mark.parametrize(
+    "path", ["/abs", "../x", "a/../../x", "a\x00", "", ".", "//", "a/..", "dir/", "dir/."]
+)
 def test_unconfined_paths_are_refused(path: str) -> None:
     with pytest.raises(RequestRejected):
         normalize_path(path)

@@ -215,6 +215,6 @@ def test_every_file_asked_for_is_returned_or_named_with_a_reason() -> None:
     with Sandbox(FakeBackend(lost)) as sandbox:
         result = sandbox.run_code("pass", fetch=["a", "./b", "c/d"])
     assert result.files == {"a": b"1"}
-    assert result.fetch_errors == {"b": "not found", "c/d": "not returned by the sandbox"}
+    assert result.fetch_errors == {"./b": "not found", "c/d": "not returned by the sandbox"}
     with Sandbox(FakeBackend(lambda request: "")) as sandbox:
         assert sandbox.run_code("pass").fetch_errors == {}

@@ -271,7 +271,8 @@ def check_relative_path(path: object) -> str:
     """``path`` as a normalised relative POSIX path inside the working directory, or ValueError.
 
     Refused: non-strings, empty paths, absolute paths, ``..`` components, NUL
-    and other control characters, and over-long paths. ``.`` components and
+    and other control characters, over-long paths, and paths ending in ``/`` or
+    ``/.`` (a directory's: ``y/`` had fetched the file ``y``). ``.`` components and
     repeated slashes are dropped.
     """
     if not isinstance(path, str):
@@ -286,6 +287,8 @@ def check_relative_path(path: object) -> str:
     parts = [part for part in path.split("/") if part not in ("", ".")]
     if not parts:
         raise ValueError(f"file path {path!r} names no file")
+    if path.rpartition("/")[2] in ("", "."):  # ``out/``: a directory, as to open()
+        raise ValueError(f"file path {path!r} names a directory (it ends in '/' or '/.')")
     if ".." in parts:
         raise ValueError(f"file path {path!r} leaves the working directory")
     if any(len(part.encode("utf-8", "surrogateescape")) > 255 for part in parts):
