@@ -628,9 +628,9 @@ class TestBackendContract:
         )
         assert result.ok, result
         assert result.stdout == "A,B\n1,2\n"
-        assert result.files == {
+        assert result.files == {  # named as asked for
             "out/result.bin": bytes(range(255, -1, -1)),
-            "in/data.csv": b"a,b\n1,2\n",
+            "./in/data.csv": b"a,b\n1,2\n",
         }
         assert result.fetch_errors == {}
 
@@ -1395,7 +1395,8 @@ class TestBackendContract:
         result = sandbox.run_code(code, fetch=["out.txt"])
         assert (result.outcome, result.returncode) == (Outcome.ERROR, 3), result
         assert result.files == {"out.txt": b"kept"}, result
-        if backend_id == "local":
+        if backend_id == "local":  # removed off the result's path, before close() ends
+            sandbox.backend._removals.wait()  # type: ignore[attr-defined]
             assert not os.path.exists(result.stdout.strip())
 
     def test_symlinks_planted_by_the_code_are_not_followed(self, sandbox: Sandbox) -> None:

@@ -1,0 +1,50 @@
+"""The local backend removes a call's directory off the call's result, and ``close()``
+waits for it: the caller of a 5 s call whose code made nested directories waited 39 s
+for their removal (thirty-fourth red-team round)."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from retool_exec import LocalConfig, Sandbox
+from retool_exec.backends import local
+
+
+def test_a_call_returns_before_its_directory_is_removed_and_close_waits_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    release = threading.Event()
+    removing = threading.Event()
+    removed: list[str] = []
+    real_remove = local._Workdir.remove
+
+    def held_remove(self: local._Workdir) -> None:
+        removing.set()
+        release.wait(30)
+        path = self.path
+        real_remove(self)
+        removed.append(path)
+
+    monkeypatch.setattr(local._Workdir, "remove", held_remove)
+    sandbox = Sandbox(LocalConfig(), timeout=10)
+    try:
+        code = "import os\nopen('out.txt', 'w').write('kept')\nos.makedirs('a/' * 50 + 'b')"
+        result = sandbox.run_code(code, fetch=["out.txt"])
+        assert (result.ok, result.files) == (True, {"out.txt": b"kept"}), result
+        assert removing.wait(10)  # its removal began, and is held: the result did not wait
+        assert removed == []
+        closing = threading.Thread(target=sandbox.close)
+        closing.start()
+        closing.join(0.5)
+        assert closing.is_alive()  # close() waits for the removal
+        release.set()
+        closing.join(30)
+        assert not closing.is_alive()
+    finally:
+        release.set()
+        sandbox.close()
+    [path] = removed
+    assert not os.path.exists(path)
