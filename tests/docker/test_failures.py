@@ -579,6 +579,39 @@ def test_under_gvisor_many_busy_tasks_end_as_the_call_s_own_outcome() -> None:
         assert sandbox.run_code("print(6 * 7)").stdout == "42\n"
 
 
+SHELL_FORK_BOMB = (
+    "import subprocess, time\n"
+    "subprocess.Popen(['/bin/sh', '-c', 'b(){ b|b& }; while :; do b; done'],"
+    " stderr=subprocess.DEVNULL)\n"
+    "time.sleep(1000)\n"
+)
+
+
+@pytest.mark.parametrize("in_a_session", [False, True], ids=["call", "cell"])
+def test_under_gvisor_a_bomb_that_kills_the_sentry_through_the_pids_limit_is_the_calls(
+    in_a_session: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shell fork bomb grew the Sentry's host threads to the container's pids limit
+    (``pids`` + ``GVISOR_PIDS_HEADROOM``): the Sentry died (exit 2) and the call read as
+    ``sandbox_error``, 3 of 5 runs of 10 s (thirty-fourth red-team round). The host
+    samples the cgroup while the agent is silent: the call is now its own ``signal``.
+    A smaller headroom makes the Sentry die within seconds, every run."""
+    require_docker()
+    from retool_exec.backends.docker import hardening
+
+    monkeypatch.setattr(hardening, "GVISOR_PIDS_HEADROOM", 512)
+    config = DockerConfig(policy="fresh", pool_size=1, runtime="runsc", labels=LABELS)
+    with Sandbox(config, max_workers=1, timeout=20) as sandbox:
+        if in_a_session:
+            with sandbox.session() as session:
+                result = session.run_code(SHELL_FORK_BOMB)
+        else:
+            result = sandbox.run_code(SHELL_FORK_BOMB)
+        assert (result.outcome, result.returncode) == (Outcome.SIGNAL, -9), result
+        assert "task limit" in result.detail, result
+        assert sandbox.run_code("print(6 * 7)").stdout == "42\n"
+
+
 def test_under_gvisor_fork_bombs_run_to_their_limit_are_their_own_timeouts() -> None:
     """Four fork bombs at once, each run to its 2 s limit, kept gVisor's kernel busy past
     the host's grace: the agents said nothing by then, and every call came back as

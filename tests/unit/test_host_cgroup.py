@@ -63,3 +63,14 @@ def test_busy_samples_when_the_noted_point_is_too_recent(
 
 def _no_sample(seconds: float) -> None:
     raise AssertionError(f"sampled for {seconds} s where the window was given")
+
+
+def test_a_pids_cgroup_reads_its_refusals_and_tasks_and_nothing_once_gone(tmp_path: Path) -> None:
+    """What the host samples while a gVisor call's agent is silent (``TaskLimitHits``)."""
+    (tmp_path / "pids.events").write_text("max 3\n")
+    (tmp_path / "pids.current").write_text("4100\n")
+    hits = host_cgroup.TaskLimitHits(str(tmp_path), 4160)
+    assert hits.sample() == (3, 4100)
+    assert hits.reached(4100) and hits.reached(4160) and not hits.reached(3000)
+    (tmp_path / "pids.current").unlink()  # the container's cgroup removed with it
+    assert hits.sample() is None

@@ -83,9 +83,55 @@ class CallProgress:
     and the container's CPU seconds then (``_note_cpu``)."""
     cpu_noted = False
     """Whether ``receive_noting_cpu`` took its one note (the probe may have found none)."""
+    task_limit_seen = False
+    """Under gVisor: whether a sample during the wait (``receive_noting_cpu``) found the
+    container's pids limit reached since the request (the cgroup is gone once the
+    stream ends, so it is read while the agent is silent)."""
+    tasks_before: int | None = None
+    """The container's pids-limit refusals when the request was sent (``task_limit_count``)."""
     in_transit_until: float | None = None
     """Set when the wait ended with the agent waiting for its next request: the
     ``time.monotonic()`` until which the host waits for its answer in Docker's stream."""
+
+
+TASK_LIMIT_SAMPLE = 0.1
+"""Seconds between two reads of a gVisor container's pids-limit refusals while its agent
+is silent: the Sentry died 1-3 s after the first one, and its cgroup went with it."""
+TASK_LIMIT_KILLED = (
+    "the call's processes and threads took the container's task limit (pids): gVisor's "
+    "kernel could not go on, and the container was killed whole"
+)
+
+
+def task_limit_count(container: SandboxContainer) -> int | None:
+    """The container's tasks refused for its pids limit so far, where the host reads
+    them (gVisor): noted when a request is sent."""
+    hits = container.task_limit_hits
+    sample = None if hits is None else hits.sample()
+    return None if sample is None else sample[0]
+
+
+def sample_task_limit(
+    container: SandboxContainer, progress: CallProgress, before: int | None
+) -> None:
+    """Note in ``progress`` whether the container's pids limit refused a task since
+    ``before`` or its tasks are at the limit now (``TaskLimitHits.reached``)."""
+    hits = container.task_limit_hits
+    sample = None if hits is None or before is None else hits.sample()
+    if hits is not None and before is not None and sample is not None:
+        refused, tasks = sample
+        progress.task_limit_seen |= refused > before or hits.reached(tasks)
+
+
+def task_limit_reached(
+    container: SandboxContainer, progress: CallProgress, before: int | None
+) -> bool:
+    """Whether the container's pids limit was reached since ``before``: as sampled during
+    the wait (the cgroup is removed with the container), or read now. A call's doing:
+    inside, gVisor keeps the call's own tasks under the limit, so only the Sentry's
+    threads, grown with the call's tasks, reach it (``TaskLimitHits``)."""
+    sample_task_limit(container, progress, before)
+    return progress.task_limit_seen
 
 
 def stream_stalled() -> str:
@@ -251,9 +297,14 @@ class DockerBackend(Backend):
             waited = time.perf_counter() - started
             progress = CallProgress()
             oom_before = self.container_oom_count(container)
+            tasks_before = progress.tasks_before = task_limit_count(container)
             try:
                 reply = await self._call(container, request, progress, frame)
             except (TimeoutError, ProtocolError) as exc:
+                # Read first: the cgroup goes with the container (``task_limit_reached``).
+                over_tasks = isinstance(exc, ProtocolError) and task_limit_reached(
+                    container, progress, tasks_before
+                )
                 # A stream that ended may be gVisor killing the sandbox for memory; a silent
                 # agent (frozen, or wedged) is still running, so there is nothing to ask.
                 # Asked even without a "started" frame: the agent sends that frame only
@@ -279,6 +330,7 @@ class DockerBackend(Backend):
                 if (
                     not progress.code_started
                     and not oom
+                    and not over_tasks
                     and _may_run_again(attempt, progress, broken)
                 ):
                     # The code provably never ran (no "started" frame): run it elsewhere.
@@ -286,6 +338,8 @@ class DockerBackend(Backend):
                     continue
                 if oom:  # the code outgrew the container (gVisor kills the sandbox as a whole)
                     return self._container_oom(started, waited)
+                if over_tasks:
+                    return self._task_limit_killed(started, waited)
                 if isinstance(exc, TimeoutError) and progress.ended is not None:
                     return self._output_lost(progress, started, waited)
                 if held_up:
@@ -552,17 +606,24 @@ class DockerBackend(Backend):
         ``in_transit``: at ``until``, an agent found waiting for its next request has
         answered (``host_process``), and the wait goes on, once per call, until
         ``ANSWER_IN_TRANSIT`` later (``progress.in_transit_until``)."""
+        sampling = container.task_limit_hits is not None
         while True:
             noting = late is not None and not progress.cpu_noted
             wake = min(until, late) if noting and late is not None else until
+            if sampling:
+                wake = min(wake, time.monotonic() + TASK_LIMIT_SAMPLE)
             try:
                 return await container.channel.receive(timeout=max(0.0, wake - time.monotonic()))
             except TimeoutError:
-                # The note's wake and an answer in transit go on (a timeout leaves a frame
-                # half read where it was: the wait resumes); any other bound ends the wait.
-                if noting and time.monotonic() < until:
-                    progress.cpu_noted = True
-                    await self._note_cpu(container, progress)
+                # The note's and the sample's wakes and an answer in transit go on (a
+                # timeout leaves a frame half read where it was: the wait resumes); the
+                # wait's own bound ends it.
+                if sampling:
+                    sample_task_limit(container, progress, progress.tasks_before)
+                if time.monotonic() < until:
+                    if noting and late is not None and time.monotonic() >= late:
+                        progress.cpu_noted = True
+                        await self._note_cpu(container, progress)
                     continue
                 if not (in_transit and await self._answer_in_transit(container, progress)):
                     raise
@@ -683,6 +744,13 @@ class DockerBackend(Backend):
         detail: str = "the container hit its memory limit and was killed whole",
     ) -> ExecResult:
         return self._without_output(Outcome.OOM, -9, False, started, waited, detail)
+
+    def _task_limit_killed(
+        self, started: float, waited: float, detail: str = TASK_LIMIT_KILLED
+    ) -> ExecResult:
+        """The call's outcome when its tasks took the container's pids limit and gVisor's
+        kernel died of it (``host_cgroup.TaskLimitHits``): killed whole, as for memory."""
+        return self._without_output(Outcome.SIGNAL, -9, False, started, waited, detail)
 
     def _silent_past_deadline(
         self,

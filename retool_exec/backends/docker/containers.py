@@ -33,9 +33,11 @@ from retool_exec.backends.docker.client import retry_docker
 from retool_exec.backends.docker.hardening import container_spec, with_sandbox_uid
 from retool_exec.backends.docker.host_cgroup import (
     HostMemory,
+    TaskLimitHits,
     busy,
     cpu_seconds,
     find_host_memory,
+    find_task_limit_hits,
 )
 from retool_exec.backends.docker.host_process import waits_to_read_stdin
 from retool_exec.backends.docker.oom_events import OomEvents
@@ -212,6 +214,9 @@ class SandboxContainer:
     host_memory: HostMemory | None = None
     """Under gVisor with reuse: the host's view of what its kernel holds (the pool retires
     the container when a call left it grown past its tolerance: ``host_cgroup``)."""
+    task_limit_hits: TaskLimitHits | None = None
+    """Under gVisor: where the host counts the container's tasks refused for its pids
+    limit, so a call that took the Sentry down that way is charged with it."""
 
 
 class ContainerFactory:
@@ -353,9 +358,9 @@ class ContainerFactory:
                 raise ProtocolError(
                     f"the agent runs calls as {ready.get('sandbox_uid')}, not {uid}"
                 )
-            watched = None
-            if is_gvisor(self.config.runtime) and self.config.policy == "reuse":
-                watched = await self._host_memory(container_id)  # (cancelled: removed below)
+            watched, task_limit_hits = None, None
+            if is_gvisor(self.config.runtime):  # (cancelled: removed below)
+                watched, task_limit_hits = await self._host_counters(container_id)
         except ProtocolError as exc:
             channel.close()
             starved = await self.oom_killed(container_id, 0, settle=2.0, after_exit=0.5)
@@ -373,28 +378,41 @@ class ContainerFactory:
             await self.destroy_id(container_id, then=lambda: self._removed(container_id, uid))
             raise
         return SandboxContainer(
-            id=container_id, channel=channel, ready=ready, sandbox_uid=uid, host_memory=watched
+            id=container_id,
+            channel=channel,
+            ready=ready,
+            sandbox_uid=uid,
+            host_memory=watched,
+            task_limit_hits=task_limit_hits,
         )
 
-    async def _host_memory(self, container_id: str) -> HostMemory | None:
-        """Where the host reads what the container's gVisor kernel holds (``host_cgroup``),
-        its baseline taken now; None, said once, where the host cannot read it."""
+    async def _host_counters(
+        self, container_id: str
+    ) -> tuple[HostMemory | None, TaskLimitHits | None]:
+        """Where the host reads what a gVisor container's kernel holds (with ``reuse``:
+        its baseline taken now) and its tasks refused for the pids limit (``host_cgroup``);
+        each None where the host cannot read it (the memory's said once)."""
 
-        def find() -> HostMemory | None:
+        def find() -> tuple[HostMemory | None, TaskLimitHits | None]:
             pid = self.client.api.inspect_container(container_id).get("State", {}).get("Pid")
-            return find_host_memory(pid) if isinstance(pid, int) and pid > 0 else None
+            if not isinstance(pid, int) or pid <= 0:
+                return None, None
+            reused = self.config.policy == "reuse"
+            return find_host_memory(pid) if reused else None, find_task_limit_hits(pid)
 
         try:
-            found = await self._blocking(find)
+            found, task_limit_hits = await self._blocking(find)
         except Exception:
-            found = None
+            found, task_limit_hits = None, None
+        if self.config.policy != "reuse":
+            return None, task_limit_hits
         if found is None and not self._host_memory_unknown:
             self._host_memory_unknown = True
             log.warning(
                 "cannot read gVisor containers' memory cgroups on this host: what a call "
                 "leaves in gVisor's own kernel is not checked between calls"
             )
-        return found
+        return found, task_limit_hits
 
     def _removed(self, container_id: str, uid: int | None) -> None:
         """What a removed container held: its OOM count, then its uid (released after the

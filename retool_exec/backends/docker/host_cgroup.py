@@ -57,6 +57,59 @@ class HostMemory:
         return None if now is None else now - self.baseline
 
 
+TASK_LIMIT_MARGIN = 64
+"""Tasks below a gVisor container's pids limit at which a sample counts as the limit
+reached (``TaskLimitHits.reached``): the Sentry died within a sample's interval of its
+first refusal in 1 of 8 runs, never seen; such calls' peaks were the limit itself, and a
+call's ordinary work stays thousands of tasks below it."""
+
+
+@dataclass
+class TaskLimitHits:
+    """A container's pids cgroup on the host: its tasks and how often it refused a new
+    one for its limit (``max`` of ``pids.events``).
+
+    Why: under gVisor the Sentry's own host threads count in that cgroup, and a call's
+    shell fork bomb grew them past ``pids`` + ``GVISOR_PIDS_HEADROOM``: the Sentry could
+    not make a thread and died (exit 2, no OOM), the call a ``sandbox_error`` in 3 of 5
+    runs, a failure the call chose (thirty-fourth red-team round; finding 47's). Inside,
+    the sandbox's kernel keeps the call's own tasks to ``pids``: reaching the cgroup's
+    limit is the call's doing."""
+
+    directory: str
+    limit: int
+
+    def sample(self) -> tuple[int, int] | None:
+        """The refusals so far and the tasks now (None: the cgroup is gone)."""
+        hits = _read_counter(os.path.join(self.directory, "pids.events"), "max")
+        tasks = _read_number(os.path.join(self.directory, "pids.current"))
+        return None if hits is None or tasks is None else (hits, tasks)
+
+    def reached(self, tasks: int) -> bool:
+        """Whether ``tasks`` is as good as the limit (``TASK_LIMIT_MARGIN``)."""
+        return tasks >= self.limit - TASK_LIMIT_MARGIN
+
+
+def find_task_limit_hits(pid: int) -> TaskLimitHits | None:
+    """The pids cgroup of the container whose first process is ``pid`` (None where the
+    host's cgroup files are not there, or it has no limit)."""
+    for _controllers, directory in _cgroups(pid, "pids"):
+        limit = _read_number(os.path.join(directory, "pids.max"))
+        hits = TaskLimitHits(directory, limit or 0)
+        if limit is not None and hits.sample() is not None:
+            return hits
+    return None
+
+
+def _read_number(path: str) -> int | None:
+    """A cgroup file's single number (None: unreadable, or "max", no limit)."""
+    try:
+        with open(path, "rb") as file:
+            return int(file.read(64))
+    except (OSError, ValueError):
+        return None
+
+
 def find_host_memory(pid: int) -> HostMemory | None:
     """The memory counter of the cgroup holding ``pid`` (the container's first process),
     with its value now as the baseline; None where the host's cgroup files are not there."""

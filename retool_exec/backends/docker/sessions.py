@@ -30,10 +30,13 @@ from retool_exec.backends.base import SessionHandle
 from retool_exec.backends.docker import frame_limit
 from retool_exec.backends.docker.backend import (
     LATE_PROBE,
+    TASK_LIMIT_KILLED,
     CallProgress,
     agent_outcome,
     stream_stalled,
     streams,
+    task_limit_count,
+    task_limit_reached,
 )
 from retool_exec.backends.docker.containers import SandboxContainer
 from retool_exec.backends.docker.protocol import ProtocolError
@@ -63,6 +66,9 @@ class SessionFamily:
         self.oom = False
         """Whether the family's container was killed for memory during the request that
         lost it (Docker's OOM events since that request was sent)."""
+        self.over_tasks = False
+        """Whether the request that lost the family ended with gVisor's kernel dead of the
+        container's pids limit, which the family's processes reached (``TaskLimitHits``)."""
         self.held_up = False
         """Whether the request that lost the family was a cell whose agent was silent past
         its deadline in a container its code kept busy (``_note_loss``)."""
@@ -120,6 +126,7 @@ class SessionFamily:
             await self.backend.await_oom_events_due(container)
             oom_before = self.backend.container_oom_count(container)
             progress = CallProgress()
+            progress.tasks_before = task_limit_count(container)
             try:
                 await container.channel.send({**frame, "id": call_id, "nonce": container.nonce})
                 taken = time.monotonic()
@@ -177,8 +184,11 @@ class SessionFamily:
                 and await self.backend.held_up_by_its_code(container, progress)
             )
         else:
+            self.over_tasks = task_limit_reached(container, progress, progress.tasks_before)
             self.oom = await self.backend.container_oom_killed(container, oom_before)
-        if self.oom:
+        if self.over_tasks and not self.oom:
+            self.lost = TASK_LIMIT_KILLED
+        elif self.oom:
             self.lost = "the session's container ran out of memory and was killed"
         elif isinstance(exc, TimeoutError) and progress.in_transit_until is not None:
             self.lost = stream_stalled()
@@ -295,6 +305,8 @@ class DockerSession(SessionHandle):
             backend = self.family.backend
             if self.family.oom:
                 return backend._container_oom(started, 0.0, f"session lost: {lost}")
+            if self.family.over_tasks:
+                return backend._task_limit_killed(started, 0.0, f"session lost: {lost}")
             if self.family.held_up:
                 detail = f"session lost: {lost}"
                 return backend._without_output(Outcome.TIMEOUT, None, True, started, 0.0, detail)
