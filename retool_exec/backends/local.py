@@ -674,7 +674,10 @@ class LocalSubprocessBackend(Backend):
         script = "pass"
         if request.script is not None and workdir is not None:  # as `python SCRIPT` would
             path = os.path.join(workdir.path, request.script)
-            script = f"sys.argv[:] = [{path!r}]; globals()['__file__'] = {path!r}"
+            script = (  # (the script's directory first on the path, as python3 puts it)
+                f"sys.argv[:] = [{path!r}]; globals()['__file__'] = {path!r}; "
+                f"sys.path[0] = {os.path.dirname(path)!r}"
+            )
         bootstrap = _BOOTSTRAP.format(
             compile=_compile_auto_printed() if request.auto_print else _COMPILE,
             cpu=request.cpu_seconds,

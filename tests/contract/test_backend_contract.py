@@ -665,6 +665,29 @@ class TestBackendContract:
         )
         assert sandbox.run_code(code, files=startup).stdout == "True 5 True\n"
 
+    def test_a_script_in_a_folder_imports_from_its_folder_first(self, sandbox: Sandbox) -> None:
+        """As ``python3 sub/main.py``: the script's directory is first on ``sys.path``.
+        Its neighbours ``sub/random.py`` and ``sub/numpy/__init__.py`` lost to the
+        preloaded modules under Docker, and the local backend kept the working directory
+        first, so a top-level ``random.py`` won there (thirty-fourth red-team round)."""
+        files = {
+            "sub/random.py": b"MARK = 'beside the script'\n",
+            "sub/numpy/__init__.py": b"MARK = 'package beside'\n",
+            "random.py": b"MARK = 'working directory'\n",
+        }
+        code = (
+            "import os, sys, random, numpy\n"
+            "print(random.MARK, numpy.MARK, sys.path[0] == os.path.dirname(__file__))"
+        )
+        request = RunRequest(code=code, timeout=10, files=files, script="sub/main.py")
+        result = run_request(sandbox, request)
+        assert result.stdout == "beside the script package beside True\n", result
+        # A script named like a module imports itself, as python3's does.
+        code = "import json\nprint(json.__name__, json.__file__ == __file__)"
+        request = RunRequest(code=code, timeout=10, script="sub/json.py")
+        result = run_request(sandbox, request)
+        assert result.stdout == "json True\n" * 2, result
+
     def test_an_uploaded_module_wins_over_what_starting_the_agents_archive_imported(
         self, sandbox: Sandbox, backend_id: str
     ) -> None:

@@ -791,7 +791,7 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
         "auto_print": request.get("auto_print") is True,
     }
     if uploaded:
-        to_child["shadowing"] = zygote.importable_names(uploaded)
+        to_child["shadowing"] = zygote.importable_names(uploaded, request.get("script"))
     child.request.sendall(wire.encode_for_call(to_child))
 
     events = wire.FrameDecoder(max_frame=wire.EVENT_FRAME_LIMIT)

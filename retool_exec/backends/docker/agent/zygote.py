@@ -957,14 +957,25 @@ def _std_streams() -> None:
     sys.stderr = sys.__stderr__ = streams[2]  # type: ignore[misc]
 
 
-def importable_names(paths: list[str]) -> list[str]:
+def importable_names(paths: list[str], script: object = None) -> list[str]:
     """The top-level modules that uploads at ``paths`` (as ``wire.check_relative_path``
-    gives them) make importable from the working directory (``name.py``, ``name.so``, ...
-    or ``name/__init__.py``), for ``forget_shadowed_preloads``."""
+    gives them) make importable from the code's first ``sys.path`` entry (``name.py``,
+    ``name.so``, ... or ``name/__init__.py``), for ``forget_shadowed_preloads``: the
+    working directory, or the ``script``'s own directory, as ``python3 SCRIPT`` has it.
+
+    Why the script's: with ``script="sub/main.py"``, uploads ``sub/random.py`` and
+    ``sub/numpy/__init__.py`` lost to the preloaded modules of their names, and a script
+    ``sub/json.py`` that imports ``json`` got the standard one where python3 imports the
+    script itself (thirty-fourth red-team round)."""
     suffixes = importlib.machinery.all_suffixes()
+    base = ""
+    if isinstance(script, str) and "/" in script:
+        base = script.rpartition("/")[0] + "/"
     names = set()
     for path in paths:
-        parts = path.split("/")
+        if not path.startswith(base):
+            continue
+        parts = path[len(base) :].split("/")
         if len(parts) == 1:
             for suffix in suffixes:
                 if parts[0].endswith(suffix):
