@@ -785,6 +785,29 @@ class TestBackendContract:
 
     # -- the end of the interpreter, as python3's --------------------------------------
 
+    def test_the_end_calls_no_gc_callbacks_and_warns_from_sys_as_python3(
+        self, sandbox: Sandbox
+    ) -> None:
+        """python3's finalization collects without the code's ``gc.callbacks`` and warns
+        from no frame (``sys:1``, printed without the tracemalloc hint). The Docker end ran
+        the callbacks (one that exited made a traceback's call ``success``) and named the
+        agent's file for an unclosed file's warning (thirty-fourth red-team round)."""
+        code = (
+            "import gc, os\ngc.disable()\ngc.callbacks.append(lambda phase, info: os._exit(0))\n1/0"
+        )
+        result = sandbox.run_code(code)
+        assert (result.outcome, result.returncode) == (Outcome.ERROR, 1), result
+        code = (
+            "import warnings\nwarnings.simplefilter('always')\n"
+            "f = open('x.txt', 'w')\nf.write('hi')\nprint('done')"
+        )
+        result = sandbox.run_code(code)
+        assert (result.stdout, result.stderr) == (
+            "done\n",
+            "sys:1: ResourceWarning: unclosed file <_io.TextIOWrapper name='x.txt' mode='w' "
+            "encoding='UTF-8'>\n",
+        ), result
+
     @pytest.mark.parametrize(
         ("code", "returncode", "stdout"),
         [

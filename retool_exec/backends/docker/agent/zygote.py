@@ -1491,15 +1491,66 @@ def _finalize_modules(before: ModulesAtStart) -> None:
     _flush_modules(modules, frozenset(name for name, _value in added))
     alive = [_weak_ref(module) for module in modules]
     names = [name for name, _value in added]  # (no loop here holds a value past its end)
-    del added[:], modules[:]  # only the weak references are left: the collection below
-    for name in names:
-        before.modules[name] = None  # type: ignore[assignment]
-    _collect()  # the zygote's own objects are frozen, not visited
-    if _active_count() > 1:
-        return  # a daemon thread runs on (python3 stops them): no globals taken from it
-    for ref in reversed(alive):
-        _clear_namespace_of(ref)
-    _collect()
+    with _as_at_finalization(before.modules):
+        # Only the weak references are left: the collection below. Each reference the
+        # end drops is dropped from ``sys:1`` (``_at_sys``), where python3 has no frame.
+        _at_sys(list.clear, added)
+        _at_sys(list.clear, modules)
+        for name in names:
+            _at_sys(dict.__setitem__, before.modules, name, None)
+        _end_collection()  # the zygote's own objects are frozen, not visited
+        if _active_count() > 1:
+            return  # a daemon thread runs on (python3 stops them): no globals taken from it
+        for ref in reversed(alive):
+            _clear_namespace_of(ref)
+        _end_collection()
+
+
+_GC_CALLBACKS: list[Any] = gc.callbacks
+"""The collector's own list of callbacks (rebinding ``gc.callbacks`` does not change it)."""
+_AT_SYS_LINE_1 = types.FunctionType(
+    compile("lambda call, *args: call(*args)", "sys", "eval").co_consts[0],
+    {"__name__": "sys", "__builtins__": builtins},  # (without builtins a dealloc's warning
+)  # was lost; python3's frameless one takes the ``sys`` module's name and its registry)
+
+
+def _at_sys(call: Callable[..., Any], *args: Any) -> Any:
+    """``call(*args)`` from a frame at ``sys:1``: a warning raised by what it releases
+    (an unclosed file's ``ResourceWarning``) is attributed there, as python3 attributes
+    one raised with no Python frame running (CPython's ``setup_context``), which is how
+    its finalization runs. From the agent's frames it named the agent's file and line
+    (thirty-fourth red-team round)."""
+    return _AT_SYS_LINE_1(call, *args)
+
+
+class _as_at_finalization:
+    """Context manager: the end of a call with what python3's finalization has: no
+    ``warnings`` module (its entry in ``modules`` is None, so a warning is printed by
+    the C fallback, without the tracemalloc hint) and none of the code's
+    ``gc.callbacks`` (``_PyGC_CollectNoFail`` calls none: one that exited chose the
+    call's status; the same round)."""
+
+    def __init__(self, modules: dict[str, Any]) -> None:
+        self.modules = modules
+
+    def __enter__(self) -> None:
+        self.callbacks = list.copy(_GC_CALLBACKS)
+        list.clear(_GC_CALLBACKS)
+        self.had_warnings = dict.__contains__(self.modules, "warnings")
+        self.warnings = dict.get(self.modules, "warnings")
+        dict.__setitem__(self.modules, "warnings", None)
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.had_warnings:
+            dict.__setitem__(self.modules, "warnings", self.warnings)
+        else:
+            dict.pop(self.modules, "warnings", None)
+        list.extend(_GC_CALLBACKS, self.callbacks)
+
+
+def _end_collection() -> None:
+    """A collection at the end of a call, from ``sys:1`` (``_at_sys``)."""
+    _at_sys(_collect)
 
 
 def _flush_modules(modules: list[Any], owners: frozenset[str]) -> None:
@@ -1640,15 +1691,18 @@ def _clear_namespace(namespace: dict[str, Any]) -> None:
     (``_PyModule_ClearDict``): names of one leading underscore first, then every other
     but ``__builtins__``, each set to None, so objects go by their reference counts in
     that order."""
-    # As CPython: names only (a key of another type stays), str's own methods.
-    for name, value in list(namespace.items()):
-        text = value is not None and issubclass(type(name), str)
-        if text and str.startswith(name, "_") and not str.startswith(name, "__"):
-            namespace[name] = None
-    for name, value in list(namespace.items()):
-        text = value is not None and issubclass(type(name), str)
-        if text and str.__eq__(name, "__builtins__") is not True:
-            namespace[name] = None
+    # As CPython: names only (a key of another type stays), str's own methods. The
+    # values are not held here: each goes as its name is set to None (``_at_sys``).
+    for name in list(namespace):
+        text = issubclass(type(name), str)
+        underscored = text and str.startswith(name, "_") and not str.startswith(name, "__")
+        if underscored and dict.get(namespace, name) is not None:
+            _at_sys(dict.__setitem__, namespace, name, None)
+    for name in list(namespace):
+        text = issubclass(type(name), str)
+        named = text and str.__eq__(name, "__builtins__") is not True
+        if named and dict.get(namespace, name) is not None:
+            _at_sys(dict.__setitem__, namespace, name, None)
 
 
 AGENT_DIRECTORY = os.path.dirname(_finish.__code__.co_filename)
