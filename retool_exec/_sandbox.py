@@ -40,6 +40,7 @@ from retool_exec._models import ExecResult, Outcome, not_returned
 from retool_exec._portal import LoopThread
 from retool_exec._session import Session, close_abandoned
 from retool_exec._stats import SandboxStats
+from retool_exec._text import utf8_safe
 from retool_exec.backends.base import Backend, RunRequest, SessionHandle, exact_bytes
 from retool_exec.backends.config import BackendConfigBase, LocalConfig
 from retool_exec.backends.registry import resolve_backend
@@ -670,15 +671,18 @@ def _by_spelling(
     """The result's fetched files and errors under the paths as the caller wrote them (the
     backend names them by their normal form); the result's own when every path was
     written in it. A file asked for in two spellings is under both, read once."""
-    if all(spelling == path for spelling, path in request.fetch_asked):
+    asked = request.fetch_asked
+    if all(spelling == path and utf8_safe(path) == path for spelling, path in asked):
         return result.files, result.fetch_errors
     files: dict[str, bytes] = {}
     errors: dict[str, str] = {}
-    for spelling, path in request.fetch_asked:
+    for spelling, path in asked:
+        # (``ExecResult`` keeps its reasons' keys UTF-8: a lone surrogate there is "?")
+        reason = result.fetch_errors.get(path) or result.fetch_errors.get(str(utf8_safe(path)))
         if path in result.files:
             files[spelling] = result.files[path]
-        elif path in result.fetch_errors:
-            errors[spelling] = result.fetch_errors[path]
+        elif reason is not None:
+            errors[spelling] = reason
     return files, errors
 
 

@@ -121,7 +121,10 @@ class DockerConfig(BackendConfigBase):
     memory_mb: int = Field(default=1024, ge=32, le=1 << 20)
     """Memory limit; swap is the same number, so there is no swap."""
     pids: int = Field(default=128, ge=8, le=65536)
-    """Most processes and threads alive at once in a container."""
+    """Most processes and threads alive at once in a container. Under gVisor the
+    container's cgroup also allows its kernel's host tasks, 8 for each (at least 4096:
+    ``hardening.gvisor_pids_limit``), which the host's ``kernel.pid_max`` must hold for
+    the whole pool."""
     cpus: float = Field(default=1.0, gt=0, le=256)
     """CPU share (``nano_cpus``)."""
     cpu_seconds: int | None = Field(default=None, ge=1, le=24 * 3600)

@@ -611,7 +611,9 @@ def _answer_bytes(limit: int) -> int:
     return 12 * (4 * limit + 200 * 64 + 1024)
 
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+"""Directories walked to an upload or a fetched file: passed through, not read, as the
+Docker agent does (``supervisor._DIR_FLAGS``) and python3 opening the path does."""
 
 
 class LocalSubprocessBackend(Backend):
@@ -842,7 +844,10 @@ class LocalSubprocessBackend(Backend):
         wait for the calls' directories still being removed."""
         for session in list(self._sessions):
             await session.close()
-        await asyncio.to_thread(self._removals.wait)
+        try:
+            await asyncio.to_thread(self._removals.wait)
+        except RuntimeError:  # at interpreter exit: the executors are shut down already
+            self._removals.wait()
 
     def _result(
         self, capture: _Capture, returncode: int | None, timed_out: bool, started: float

@@ -600,6 +600,7 @@ def test_under_gvisor_a_bomb_that_kills_the_sentry_through_the_pids_limit_is_the
     from retool_exec.backends.docker import hardening
 
     monkeypatch.setattr(hardening, "GVISOR_PIDS_HEADROOM", 512)
+    monkeypatch.setattr(hardening, "GVISOR_HOST_TASKS_PER_TASK", 4)
     config = DockerConfig(policy="fresh", pool_size=1, runtime="runsc", labels=LABELS)
     with Sandbox(config, max_workers=1, timeout=20) as sandbox:
         if in_a_session:

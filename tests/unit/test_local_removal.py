@@ -5,6 +5,8 @@ for their removal (thirty-fourth red-team round)."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -48,3 +50,19 @@ def test_a_call_returns_before_its_directory_is_removed_and_close_waits_for_it(
         sandbox.close()
     [path] = removed
     assert not os.path.exists(path)
+
+
+def test_a_sandbox_left_open_at_exit_closes_without_an_error() -> None:
+    """At interpreter exit the executors are shut down before the sandbox's own close
+    runs: waiting for the removals through one logged an error at every exit (the
+    review of the thirty-fourth round)."""
+    script = (
+        "from retool_exec import LocalConfig, Sandbox\n"
+        "sandbox = Sandbox(LocalConfig(), timeout=10)\n"
+        "print(sandbox.run_code(\"open('f', 'w').write('x')\", fetch=['f']).files)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert (done.returncode, done.stdout) == (0, "{'f': b'x'}\n"), done
+    assert "failed" not in done.stderr and "Traceback" not in done.stderr, done.stderr

@@ -128,8 +128,8 @@ def task_limit_reached(
 ) -> bool:
     """Whether the container's pids limit was reached since ``before``: as sampled during
     the wait (the cgroup is removed with the container), or read now. A call's doing:
-    inside, gVisor keeps the call's own tasks under the limit, so only the Sentry's
-    threads, grown with the call's tasks, reach it (``TaskLimitHits``)."""
+    gVisor keeps the call's own tasks to ``pids``, and the limit has room for the
+    Sentry's host tasks of as many, so only a call's churn reaches it (``TaskLimitHits``)."""
     sample_task_limit(container, progress, before)
     return progress.task_limit_seen
 

@@ -60,12 +60,26 @@ BASE_ENV: Mapping[str, str] = {
 
 
 GVISOR_PIDS_HEADROOM = 4096
-"""Host threads gVisor's sentry may need beyond the sandbox's own processes. Why this
-many: the sentry's host threads grow with the sandbox's runnable tasks, not with its
-processes alone; at 1024 a call of 40 processes of 8 busy threads each took the pids
-cgroup to its limit, the sentry died and the call read as ``sandbox_error``, a failure
-of ours the call chose (eighteenth red-team round). Measured peaks since: 562-2128
+"""Host threads gVisor's sentry may need beyond the sandbox's own processes, at least.
+Why this many: the sentry's host threads grow with the sandbox's runnable tasks, not
+with its processes alone; at 1024 a call of 40 processes of 8 busy threads each took the
+pids cgroup to its limit, the sentry died and the call read as ``sandbox_error``, a
+failure of ours the call chose (eighteenth red-team round). Measured peaks since: 562-2128
 host threads for such calls (``pids`` 128), each then ending as its own ``timeout``."""
+GVISOR_HOST_TASKS_PER_TASK = 8
+"""Host tasks of gVisor's Sentry allowed for each task the sandbox may run
+(``gvisor_pids_limit``). Why: each live process costs about 7 (300 sleeping processes
+took 2162 host tasks, 600 took 4280), so with ``pids=1024`` a call of 800 processes,
+within its own limit, killed the Sentry at 1024 + 4096 (the thirty-fourth round's
+review). With 8 a call's live tasks stay under the limit; only churn (a fork bomb)
+passes it, which the host then charges to the call (``host_cgroup.TaskLimitHits``)."""
+
+
+def gvisor_pids_limit(pids: int) -> int:
+    """The container's pids cgroup limit under gVisor: the sandbox's ``pids`` and room
+    for the Sentry's host tasks, ``GVISOR_HOST_TASKS_PER_TASK`` each, at least
+    ``GVISOR_PIDS_HEADROOM``."""
+    return pids + max(GVISOR_PIDS_HEADROOM, GVISOR_HOST_TASKS_PER_TASK * pids)
 
 
 NODE_COUNTERS = ("vmstat", "numastat")
@@ -378,7 +392,7 @@ def container_spec(
         # cgroup limit must leave room for them; inside, the sandbox's kernel
         # enforces RLIMIT_NPROC per sandbox (under runc it would count every
         # process of the uid on the host, so it is only set here).
-        host_config["pids_limit"] = config.pids + GVISOR_PIDS_HEADROOM
+        host_config["pids_limit"] = gvisor_pids_limit(config.pids)
         host_config["ulimits"].append({"Name": "nproc", "Soft": config.pids, "Hard": config.pids})
     environment = {**config.env, **config.spec.env, **BASE_ENV}
     entrypoint = list(ENTRYPOINT)

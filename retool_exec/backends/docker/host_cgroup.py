@@ -70,11 +70,12 @@ class TaskLimitHits:
     one for its limit (``max`` of ``pids.events``).
 
     Why: under gVisor the Sentry's own host threads count in that cgroup, and a call's
-    shell fork bomb grew them past ``pids`` + ``GVISOR_PIDS_HEADROOM``: the Sentry could
-    not make a thread and died (exit 2, no OOM), the call a ``sandbox_error`` in 3 of 5
-    runs, a failure the call chose (thirty-fourth red-team round; finding 47's). Inside,
-    the sandbox's kernel keeps the call's own tasks to ``pids``: reaching the cgroup's
-    limit is the call's doing."""
+    shell fork bomb grew them past the limit (``hardening.gvisor_pids_limit``): the
+    Sentry could not make a thread and died (exit 2, no OOM), the call a
+    ``sandbox_error`` in 3 of 5 runs, a failure the call chose (thirty-fourth red-team
+    round; finding 47's). Inside, the sandbox's kernel keeps the call's own tasks to
+    ``pids``, and the limit leaves room for the Sentry's host tasks of as many live ones
+    (``GVISOR_HOST_TASKS_PER_TASK``): only a call's churn of tasks reaches it."""
 
     directory: str
     limit: int

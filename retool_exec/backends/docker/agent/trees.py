@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 MAX_DEPTH = 64
@@ -107,40 +107,41 @@ def _one_pass(root_fd: int, deadline: float) -> None:
     so every directory was listed twice (and its names looked up twice): the reset and
     the local backend's removal did twice the work they need (the thirty-fourth
     red-team round's deep trees)."""
-    # One frame a directory being emptied: its descriptor, its listing, its name.
-    stack: list[tuple[int, Any, str]] = [(root_fd, os.scandir(root_fd), "")]
+    # One frame a directory being emptied: its descriptor, its names left, its name. The
+    # names are read whole (``_names``): one descriptor a level, as before.
+    stack: list[tuple[int, Iterator[str], str]] = [(root_fd, iter(_names(root_fd, deadline)), "")]
     moved = 0
     handled = 0
     try:
         while stack:
             _check(deadline)
             fd, entries, name = stack[-1]
-            below: tuple[int, Any, str] | None = None
+            below: tuple[int, Iterator[str], str] | None = None
             for entry in entries:
                 handled += 1
                 if handled % CHECK_EVERY == 0:
                     _check(deadline)
-                below, moved = _empty_entry(entry.name, fd, root_fd, len(stack), moved)
+                below, moved = _empty_entry(
+                    entry, fd, root_fd, len(stack), moved, deadline=deadline
+                )
                 if below is not None:
                     break
             if below is not None:
                 stack.append(below)
                 continue
             stack.pop()
-            entries.close()
             if stack:  # emptied as far as it goes: removed from its parent if it can be
                 os.close(fd)
                 _quietly(os.rmdir, name, dir_fd=stack[-1][0])
     finally:
-        for fd, entries, _ in stack:
-            entries.close()
+        for fd, _, _ in stack:
             if fd != root_fd:
                 os.close(fd)
 
 
 def _empty_entry(
-    name: str, fd: int, root_fd: int, depth: int, moved: int
-) -> tuple[tuple[int, Any, str] | None, int]:
+    name: str, fd: int, root_fd: int, depth: int, moved: int, *, deadline: float
+) -> tuple[tuple[int, Iterator[str], str] | None, int]:
     """Remove entry ``name`` of directory ``fd`` if it can go at once, else move it up to
     the root (past ``MAX_DEPTH``) or give its frame to empty next; and the count of
     directories moved up (their new names' serial)."""
@@ -167,7 +168,7 @@ def _empty_entry(
     except OSError:
         return None, moved  # cannot be opened: what is left is reported by the caller's check
     try:
-        return (child, os.scandir(child), name), moved
+        return (child, iter(_names(child, deadline)), name), moved
     except BaseException:
         os.close(child)
         raise
