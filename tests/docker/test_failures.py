@@ -731,6 +731,17 @@ def test_an_agent_stopped_from_outside_after_the_code_ended_is_the_sandboxs_fail
     assert "its container idle" in (result.detail or ""), result
 
 
+def _family_agent_pid(sandbox: Sandbox) -> int:
+    """The host pid of the agent of the sandbox's one session family."""
+    [family] = sandbox.backend._session_containers  # type: ignore[attr-defined]
+    client = docker.from_env()
+    try:
+        pid: int = client.api.inspect_container(family.id)["State"]["Pid"]
+        return pid
+    finally:
+        client.close()
+
+
 def test_a_cell_whose_agent_is_stopped_from_outside_loses_its_session_on_time(
     stoppable: tuple[Sandbox, int],
 ) -> None:
@@ -741,10 +752,7 @@ def test_a_cell_whose_agent_is_stopped_from_outside_loses_its_session_on_time(
     sandbox, _ = stoppable
     with sandbox.session() as session:
         assert session.run_code("x = 1").ok
-        [family] = sandbox.backend._session_containers  # type: ignore[attr-defined]
-        client = docker.from_env()
-        pid = client.api.inspect_container(family.id)["State"]["Pid"]
-        client.close()
+        pid = _family_agent_pid(sandbox)
         stopper = threading.Timer(0.3, os.kill, (pid, signal.SIGSTOP))
         stopper.start()
         began = time.monotonic()
@@ -828,10 +836,7 @@ def test_a_cells_answer_held_in_dockers_stream_past_its_deadline_keeps_the_sessi
     sandbox, _ = stoppable
     with sandbox.session() as session:
         assert session.run_code("x = 41").ok
-        [family] = sandbox.backend._session_containers  # type: ignore[attr-defined]
-        client = docker.from_env()
-        pid = client.api.inspect_container(family.id)["State"]["Pid"]
-        client.close()
+        pid = _family_agent_pid(sandbox)
         with stream_stalled(pid, after=0.25, seconds=1 + 1 + 2.0 + 1.0):  # limits + grace
             result = session.run_code("import time\ntime.sleep(0.5)\nprint(x + 1)")
         assert (result.outcome, result.stdout) == (Outcome.SUCCESS, "42\n"), result
