@@ -88,3 +88,28 @@ def test_a_busy_process_is_not_waiting() -> None:
     finally:
         process.kill()
         process.wait()
+
+
+def test_a_verdict_docker_does_not_give_in_time_is_no() -> None:
+    """At a silent call's deadline the host asks Docker whether the agent answered or the
+    container is busy; a daemon stalling the stream may stall those answers too (60 s
+    in docker-py): past ``VERDICT_PROBE_BUDGET`` the answer is no."""
+    import asyncio
+
+    from retool_exec.backends.docker import backend
+
+    async def stalled() -> bool:
+        await asyncio.sleep(30)
+        return True
+
+    async def prompt() -> bool:
+        return True
+
+    async def both() -> tuple[bool, bool, float]:
+        began = time.monotonic()
+        late = await backend._answered_within(stalled(), 0.2)
+        return late, await backend._answered_within(prompt(), 0.2), time.monotonic() - began
+
+    late, on_time, took = asyncio.run(both())
+    assert (late, on_time) == (False, True)
+    assert took < 5

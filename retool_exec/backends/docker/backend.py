@@ -134,6 +134,20 @@ def task_limit_reached(
     return progress.task_limit_seen
 
 
+VERDICT_PROBE_BUDGET = 2.0
+"""Seconds the host asks Docker, at a silent call's deadline, whether its container is
+busy or its agent answered: a daemon that stalls the stream may stall those answers too
+(docker-py would wait 60 s); not known by then, the answer is no."""
+
+
+async def _answered_within(asking: Coroutine[Any, Any, bool], seconds: float) -> bool:
+    """``asking``'s answer, or False past ``seconds`` (its worker thread ends on its own)."""
+    try:
+        return await asyncio.wait_for(asking, seconds)
+    except TimeoutError:
+        return False
+
+
 def stream_stalled() -> str:
     """Why a call whose agent answered (``host_process``) got no answer: the stream's."""
     return (
@@ -475,10 +489,12 @@ class DockerBackend(Backend):
         self, container: SandboxContainer, progress: CallProgress
     ) -> bool:
         """Whether a container whose agent was silent past the deadline was kept busy,
-        since ``progress``'s CPU note (``ContainerFactory.held_up_by_its_call``)."""
-        return self._factory is not None and await self._factory.held_up_by_its_call(
-            container.id, since=progress.cpu_when_late
-        )
+        since ``progress``'s CPU note (``ContainerFactory.held_up_by_its_call``); not
+        known within ``VERDICT_PROBE_BUDGET``, it was not."""
+        if self._factory is None:
+            return False
+        asking = self._factory.held_up_by_its_call(container.id, since=progress.cpu_when_late)
+        return await _answered_within(asking, VERDICT_PROBE_BUDGET)
 
     async def container_oom_killed(self, container: SandboxContainer, before: int | None) -> bool:
         """Whether Docker saw ``container`` killed for memory since ``before`` (after
@@ -634,7 +650,8 @@ class DockerBackend(Backend):
         answered; Docker's stream holds the answer): the wait's new end is noted."""
         if progress.in_transit_until is not None or self._factory is None:
             return False
-        if not await self._factory.awaits_next_request(container.id):
+        asking = self._factory.awaits_next_request(container.id)
+        if not await _answered_within(asking, VERDICT_PROBE_BUDGET):
             return False
         progress.in_transit_until = time.monotonic() + ANSWER_IN_TRANSIT
         log.warning(
