@@ -79,6 +79,7 @@ import contextlib
 import functools
 import inspect
 import json
+import logging
 import math
 import os
 import signal
@@ -99,6 +100,8 @@ from retool_exec.backends.config import LocalConfig
 from retool_exec.backends.docker.agent import auto_print, trees, wire
 
 __all__ = ["CHILD_ENV_OVERRIDES", "LocalSubprocessBackend"]
+
+log = logging.getLogger(__name__)
 
 CHILD_ENV_OVERRIDES = {
     "OMP_NUM_THREADS": "1",
@@ -845,9 +848,11 @@ class LocalSubprocessBackend(Backend):
         for session in list(self._sessions):
             await session.close()
         try:
-            await asyncio.to_thread(self._removals.wait)
+            done = await asyncio.to_thread(self._removals.wait, CLOSE_REMOVALS_WAIT)
         except RuntimeError:  # at interpreter exit: the executors are shut down already
-            self._removals.wait()
+            done = self._removals.wait(CLOSE_REMOVALS_WAIT)
+        if not done:  # (its thread goes on; the interpreter's exit waits for it)
+            log.warning("the calls' directories were still being removed when closed")
 
     def _result(
         self, capture: _Capture, returncode: int | None, timed_out: bool, started: float
@@ -1672,6 +1677,11 @@ class _Workdir:
         _remove_tree(self.path)
 
 
+CLOSE_REMOVALS_WAIT = 30.0
+"""Seconds ``close()`` waits for the calls' directories still being removed: a close must
+end, and the removals' thread, not a daemon's, goes on."""
+
+
 class _Removals:
     """Calls' directories removed in a thread of their own, off the call's result: the
     code may have left a million names or chains of thousands of nested directories.
@@ -1692,15 +1702,27 @@ class _Removals:
         with self._lock:
             self._pending.append(workdir)
             self._idle.clear()
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="retool-exec-local-removals", daemon=False
-                )
-                self._thread.start()
+            if self._thread is not None:
+                return
+            thread = threading.Thread(
+                target=self._run, name="retool-exec-local-removals", daemon=False
+            )
+            try:
+                thread.start()
+            except RuntimeError:  # no thread to be had (the host's task limit): remove here
+                pending, self._pending = self._pending, []
+                self._idle.set()
+            else:
+                self._thread = thread
+                return
+        for left in pending:
+            with contextlib.suppress(OSError):
+                left.remove()
 
-    def wait(self) -> None:
-        """Until every directory handed over so far is removed."""
-        self._idle.wait()
+    def wait(self, seconds: float | None = None) -> bool:
+        """Until every directory handed over so far is removed (at most ``seconds``):
+        whether they are."""
+        return self._idle.wait(seconds)
 
     def _run(self) -> None:
         while True:
