@@ -802,7 +802,7 @@ class TestBackendContract:
             "import warnings\nwarnings.simplefilter('always')\n"
             "f = open('x.txt', 'w')\nf.write('hi')\nprint('done')"
         )
-        result = sandbox.run_code(code)
+        result = sandbox.run_code(code, fetch=["x.txt"])  # (local: in a directory of its own)
         assert (result.stdout, result.stderr) == (
             "done\n",
             "sys:1: ResourceWarning: unclosed file <_io.TextIOWrapper name='x.txt' mode='w' "
