@@ -12,6 +12,7 @@ import pytest
 
 from retool_exec._portal import LoopThread
 from retool_exec.backends.docker.agent import wire
+from retool_exec.backends.docker.backend import _asked_while_listening
 from retool_exec.backends.docker.protocol import AgentChannel, ProtocolError
 
 Pair = tuple[AgentChannel, socket.socket]
@@ -180,3 +181,47 @@ def test_cancelling_a_wait_unregisters_the_socket(pair: Pair) -> None:
         assert await channel.receive(timeout=5) == {"type": "x", "n": 3}
 
     asyncio.run(main())
+
+
+async def _slow_no(seconds: float) -> bool:
+    await asyncio.sleep(seconds)
+    return False
+
+
+def test_an_answer_that_comes_while_a_silent_agent_is_judged_is_the_answer(pair: Pair) -> None:
+    """A verdict on a silent agent takes a while on a loaded host (2.3 s seen); the cell's
+    answer came meanwhile, unread, and the verdict made it the sandbox's failure (a CI
+    run of the thirty-fifth session). The frame wins over the verdict."""
+    channel, agent = pair
+    timer = threading.Timer(0.2, agent.sendall, (frame({"type": "result", "id": 1}),))
+    timer.start()
+    try:
+        got = asyncio.run(_asked_while_listening(channel, _slow_no(5)))
+    finally:
+        timer.cancel()
+    assert got == {"type": "result", "id": 1}
+
+
+def test_without_an_answer_the_verdict_stands_and_the_stream_stays_whole(pair: Pair) -> None:
+    """No frame: the verdict; half a frame that came meanwhile is kept for the next read,
+    on the same loop. The listen, cancelled but still unwinding, removed the reader the
+    next read had set, and that read never woke: an answer held in a stalled stream
+    went unread once delivered (the thirty-fifth session's first version)."""
+    channel, agent = pair
+    whole = frame({"type": "result", "id": 2})
+    agent.sendall(whole[:7])
+
+    async def judged_then_read() -> tuple[object, dict[str, object]]:
+        verdict = await _asked_while_listening(channel, _slow_no(0.2))
+        threading.Timer(0.2, agent.sendall, (whole[7:],)).start()
+        return verdict, await channel.receive(timeout=2)
+
+    assert asyncio.run(judged_then_read()) == (False, {"type": "result", "id": 2})
+
+
+def test_a_stream_that_ends_while_a_silent_agent_is_judged_leaves_the_verdict(
+    pair: Pair,
+) -> None:
+    channel, agent = pair
+    agent.close()
+    assert asyncio.run(_asked_while_listening(channel, _slow_no(0.2))) is False

@@ -74,3 +74,23 @@ def test_a_pids_cgroup_reads_its_refusals_and_tasks_and_nothing_once_gone(tmp_pa
     assert hits.reached(4100) and hits.reached(4160) and not hits.reached(3000)
     (tmp_path / "pids.current").unlink()  # the container's cgroup removed with it
     assert hits.sample() is None
+
+
+def test_a_process_moved_to_the_hierarchys_root_is_not_read_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under cgroup v1 the kernel moves an exiting process to the root: a dying gVisor
+    sandbox was read as the host's whole CPU (13,000 s), and a wait that noted that
+    found the container idle after (thirty-fifth session's reproduction)."""
+    (tmp_path / "cpuacct" / "docker" / "c1").mkdir(parents=True)
+    (tmp_path / "cpuacct" / "cpuacct.usage").write_text("13000000000000\n")
+    (tmp_path / "cpuacct" / "docker" / "c1" / "cpuacct.usage").write_text("2500000000\n")
+    monkeypatch.setattr(host_cgroup, "CGROUP_ROOT", str(tmp_path))
+    lines = {1: "2:cpuacct:/docker/c1\n0::/\n", 2: "2:cpuacct:/\n0::/\n"}
+    monkeypatch.setattr(
+        host_cgroup,
+        "_memberships",
+        lambda pid: [line.split(":", 2) for line in lines[pid].splitlines()],
+    )
+    assert host_cgroup.cpu_seconds(1) == 2.5
+    assert host_cgroup.cpu_seconds(2) is None

@@ -37,7 +37,7 @@ from retool_exec.backends.docker.containers import (
     remove_container,
 )
 from retool_exec.backends.docker.pool import PoolUnavailableError, WarmPool
-from retool_exec.backends.docker.protocol import ProtocolError
+from retool_exec.backends.docker.protocol import AgentChannel, ProtocolError
 
 if TYPE_CHECKING:
     from retool_exec.backends.docker.image_inputs import ImageChoice
@@ -92,6 +92,9 @@ class CallProgress:
     in_transit_until: float | None = None
     """Set when the wait ended with the agent waiting for its next request: the
     ``time.monotonic()`` until which the host waits for its answer in Docker's stream."""
+    held_up: bool | None = None
+    """Whether the container was kept busy while its agent was silent to the wait's end
+    (``held_up_by_its_code``), asked as the wait ends (None: not asked)."""
 
 
 TASK_LIMIT_SAMPLE = 0.1
@@ -146,6 +149,43 @@ async def _answered_within(asking: Coroutine[Any, Any, bool], seconds: float) ->
         return await asyncio.wait_for(asking, seconds)
     except TimeoutError:
         return False
+
+
+async def _asked_while_listening(
+    channel: AgentChannel, asking: Coroutine[Any, Any, bool]
+) -> dict[str, Any] | bool:
+    """``asking``'s answer about a silent agent, or the agent's frame if one comes first.
+
+    Why: at a wait's end the host asks Docker about the container, which took 2.3 s on
+    a loaded host (six fork bombs in cells under gVisor, each to its limit); the cell's
+    answer arrived meanwhile, unread, and the verdict said the container had failed: a
+    ``sandbox_error`` the cell's own code caused (a CI run of the thirty-fifth session).
+    A stream that ends meanwhile leaves the answer to ``asking``.
+
+    The listen is cancelled and awaited before the caller reads again: a cancelled read
+    still unwinding removed the channel's reader that the caller's next read had set,
+    and that read never woke (a stalled stream's answer, delivered, went unread)."""
+    probe = asyncio.ensure_future(asking)
+    frame = asyncio.ensure_future(channel.receive())
+    probe.add_done_callback(_exception_taken)
+    frame.add_done_callback(_exception_taken)
+    try:
+        await asyncio.wait({probe, frame}, return_when=asyncio.FIRST_COMPLETED)
+        if frame.done() and not frame.cancelled() and frame.exception() is None:
+            return frame.result()
+        return await probe
+    finally:
+        probe.cancel()  # (its worker thread ends on its own)
+        if not frame.done():
+            frame.cancel()
+            await asyncio.wait({frame})
+
+
+def _exception_taken(task: asyncio.Future[Any]) -> None:
+    """Take a finished task's exception (a listen's stream ended: the verdict stands; a
+    probe's answer came too late to matter)."""
+    if not task.cancelled():
+        task.exception()
 
 
 def stream_stalled() -> str:
@@ -332,12 +372,8 @@ class DockerBackend(Backend):
                             container.id, oom_before, known=container.oom_kills > 0
                         )
                     )
-                    held_up = (  # asked before the container is retired (and killed)
-                        past
-                        and progress.ended is None
-                        and progress.in_transit_until is None
-                        and await self.held_up_by_its_code(container, progress)
-                    )
+                    # Asked as the wait ended, before the container was retired (and killed).
+                    held_up = past and progress.held_up is True
                 finally:
                     pool.retire(container)
                 broken = isinstance(exc, ProtocolError)
@@ -572,7 +608,12 @@ class DockerBackend(Backend):
             if progress.in_transit_until is not None:
                 until = progress.in_transit_until
             reply = await self.receive_noting_cpu(
-                container, progress, until=until, late=late, in_transit=final
+                container,
+                progress,
+                until=until,
+                late=late,
+                in_transit=final,
+                ask_held_up=progress.ended is None and until >= deadline,
             )
             authentic = reply.get("id") == call_id and hmac.compare_digest(
                 str(reply.get("nonce")), container.nonce
@@ -613,6 +654,7 @@ class DockerBackend(Backend):
         until: float,
         late: float | None,
         in_transit: bool = True,
+        ask_held_up: bool = False,
     ) -> dict[str, Any]:
         """The agent's next frame, waited for until ``until`` (``time.monotonic()``; then
         TimeoutError); if the agent is still silent at ``late``, the container's CPU is
@@ -621,7 +663,11 @@ class DockerBackend(Backend):
 
         ``in_transit``: at ``until``, an agent found waiting for its next request has
         answered (``host_process``), and the wait goes on, once per call, until
-        ``ANSWER_IN_TRANSIT`` later (``progress.in_transit_until``)."""
+        ``ANSWER_IN_TRANSIT`` later (``progress.in_transit_until``).
+
+        ``ask_held_up``: at the wait's final end, whether the container was kept busy is
+        asked then (``progress.held_up``), listening on: an answer that comes while the
+        host asks is the call's (``_asked_while_listening``)."""
         sampling = container.task_limit_hits is not None
         while True:
             noting = late is not None and not progress.cpu_noted
@@ -641,18 +687,36 @@ class DockerBackend(Backend):
                         progress.cpu_noted = True
                         await self._note_cpu(container, progress)
                     continue
-                if not (in_transit and await self._answer_in_transit(container, progress)):
+                if not in_transit:
                     raise
-                until = progress.in_transit_until or until
+                answer = await self._answer_in_transit(container, progress)
+                if isinstance(answer, dict):
+                    return answer
+                if answer:
+                    until = progress.in_transit_until or until
+                    continue
+                if ask_held_up and progress.in_transit_until is None:
+                    asking = self.held_up_by_its_code(container, progress)
+                    verdict = await _asked_while_listening(container.channel, asking)
+                    if isinstance(verdict, dict):
+                        return verdict
+                    progress.held_up = verdict
+                raise
 
-    async def _answer_in_transit(self, container: SandboxContainer, progress: CallProgress) -> bool:
+    async def _answer_in_transit(
+        self, container: SandboxContainer, progress: CallProgress
+    ) -> dict[str, Any] | bool:
         """Whether, the first time a wait ends, the agent waits for its next request (it
-        answered; Docker's stream holds the answer): the wait's new end is noted."""
+        answered; Docker's stream holds the answer): the wait's new end is noted. The
+        agent's frame instead, if it comes while that is asked."""
         if progress.in_transit_until is not None or self._factory is None:
             return False
-        asking = self._factory.awaits_next_request(container.id)
-        if not await _answered_within(asking, VERDICT_PROBE_BUDGET):
-            return False
+        asking = _answered_within(
+            self._factory.awaits_next_request(container.id), VERDICT_PROBE_BUDGET
+        )
+        answer = await _asked_while_listening(container.channel, asking)
+        if not answer or isinstance(answer, dict):
+            return answer
         progress.in_transit_until = time.monotonic() + ANSWER_IN_TRANSIT
         log.warning(
             "container %s: the agent answered but Docker's stream is silent; waiting %g s more",

@@ -253,11 +253,13 @@ class ContainerFactory:
             machine_memory=machine_memory,
         )
         self._threads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="retool-docker")
-        self._probes = ThreadPoolExecutor(max_workers=2, thread_name_prefix="retool-probe")
+        self._probes = ThreadPoolExecutor(max_workers=4, thread_name_prefix="retool-probe")
         """Threads of their own for the quick reads a silent agent's call waits on
         (``held_up_by_its_call``, ``cpu_seconds``): behind removals of containers full of
         fork bombs (seconds each) in ``_threads``, a CPU note was taken 0.6 s late and a
-        cell's outcome decided 2.6 s past its deadline (thirty-first round)."""
+        cell's outcome decided 2.6 s past its deadline (thirty-first round). Four: six
+        cells silent at once queued behind two for 2.3 s, past ``VERDICT_PROBE_BUDGET``
+        (thirty-fifth session); with the others, within docker-py's ten connections."""
         self._host_memory_unknown = False
         self.oom_events = OomEvents(client, f"{LABEL_POOL}={self.pool_id}")
         """The daemon's OOM events for this pool's containers; started by ``watch_oom``."""

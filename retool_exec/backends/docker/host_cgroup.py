@@ -155,17 +155,18 @@ def cpu_seconds(pid: int) -> float | None:
 
 def _cgroups(pid: int, controller: str) -> list[tuple[str, str]]:
     """The directories on the host of the cgroups holding ``pid``: the v1 hierarchy that
-    has ``controller`` (its controllers named), then the v2 one (controllers "")."""
-    try:
-        with open(f"/proc/{pid}/cgroup", encoding="ascii", errors="replace") as lines:
-            entries = [line.rstrip("\n").split(":", 2) for line in lines]
-    except OSError:
-        return []
+    has ``controller`` (its controllers named), then the v2 one (controllers "").
+
+    Not the hierarchy's root: no container's own, but where the kernel moves an
+    exiting process (v1). A dying gVisor sandbox read there as the host's whole CPU
+    (13,000 s), and a wait noted so compared any later read as idle."""
     found: list[tuple[str, str]] = []
-    for entry in entries:
+    for entry in _memberships(pid):
         if len(entry) != 3:
             continue
         _hierarchy, controllers, path = entry
+        if path == "/":
+            continue
         if controller in controllers.split(","):
             mount = os.path.join(CGROUP_ROOT, controllers)
             if not os.path.isdir(mount):  # (a combined hierarchy may be mounted by one name)
@@ -174,6 +175,15 @@ def _cgroups(pid: int, controller: str) -> list[tuple[str, str]]:
         elif controllers == "":
             found.append(("", os.path.join(CGROUP_ROOT, path.lstrip("/"))))
     return found
+
+
+def _memberships(pid: int) -> list[list[str]]:
+    """``/proc/PID/cgroup``'s lines, split (hierarchy, controllers, path); [] if unreadable."""
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="ascii", errors="replace") as lines:
+            return [line.rstrip("\n").split(":", 2) for line in lines]
+    except OSError:
+        return []
 
 
 def _read_counter(path: str, key: str) -> int | None:

@@ -133,7 +133,7 @@ class SessionFamily:
                 deadline = taken + timeout
                 late = None if note_cpu_after is None else taken + note_cpu_after
                 reply = await self.backend.receive_noting_cpu(
-                    container, progress, until=deadline, late=late
+                    container, progress, until=deadline, late=late, ask_held_up=late is not None
                 )
                 authentic = reply.get("id") == call_id and hmac.compare_digest(
                     str(reply.get("nonce")), container.nonce
@@ -177,11 +177,11 @@ class SessionFamily:
         (thirty-first round)."""
         if isinstance(exc, TimeoutError):
             self.oom = self.backend.oom_counted_since(container, oom_before)
-            self.held_up = (
+            self.held_up = (  # asked as the wait ended (``receive_noting_cpu``)
                 cell
                 and not self.oom
                 and progress.in_transit_until is None
-                and await self.backend.held_up_by_its_code(container, progress)
+                and progress.held_up is True
             )
         else:
             self.over_tasks = task_limit_reached(container, progress, progress.tasks_before)
@@ -199,7 +199,7 @@ class SessionFamily:
                 "killed"
             )
         else:
-            self.lost = f"the session's container failed: {exc or type(exc).__name__}"
+            self.lost = f"the session's container failed: {str(exc) or type(exc).__name__}"
 
     def forget(self, sid: int) -> None:
         """A session the agent reported gone; the family ends with its last session (its
