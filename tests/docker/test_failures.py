@@ -25,6 +25,7 @@ from retool_exec import (
     Outcome,
     Sandbox,
 )
+from retool_exec.backends.docker.backend import DockerBackend
 from retool_exec.backends.docker.client import RETRY_ATTEMPTS, is_transient, retry_docker
 from tests.conftest import LABELS, require_docker
 from tests.docker.pool_probes import pool_containers
@@ -1091,3 +1092,31 @@ def test_a_stdin_over_the_file_size_limit_is_refused_as_an_upload_is() -> None:
         assert "File too large" in upload.detail, upload.detail
         assert sandbox.run_code(count, stdin="7" * 900_000).stdout == "900000\n"
         assert pool_containers(sandbox) == [container]
+
+
+@pytest.mark.parametrize("runtime", ["runc", "runsc"])
+def test_a_silent_agents_container_is_told_busy_idle_or_stopped(runtime: str) -> None:
+    """At a silent wait's end the host asks what the container did. A stopped one (gVisor's
+    kernel killed for memory or tasks, its stream's end not yet through on a loaded host)
+    read as idle, and the call as the sandbox's failure without the OOM or task-limit
+    verdict a stream's end gets (a CI run of the thirty-fifth session)."""
+    require_docker()
+    config = DockerConfig(policy="reuse", pool_size=1, runtime=runtime, labels=LABELS)
+    with Sandbox(config, max_workers=1) as sandbox:
+        sandbox.start()
+        backend = sandbox.backend
+        assert isinstance(backend, DockerBackend) and backend._factory is not None
+        factory = backend._factory
+        [container_id] = pool_containers(sandbox)
+        seen = [asyncio.run(factory.silent_agents_container(container_id))]
+        while seen[-1] != "idle" and len(seen) < 20:  # (a fresh one settles: busy a moment)
+            time.sleep(0.5)
+            seen.append(asyncio.run(factory.silent_agents_container(container_id)))
+        assert seen[-1] == "idle", seen
+        client = docker.from_env()
+        try:
+            client.api.kill(container_id)
+            client.api.wait(container_id, timeout=30)
+        finally:
+            client.close()
+        assert asyncio.run(factory.silent_agents_container(container_id)) == "stopped"

@@ -6,6 +6,7 @@ import asyncio
 import socket
 import struct
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -219,9 +220,21 @@ def test_without_an_answer_the_verdict_stands_and_the_stream_stays_whole(pair: P
     assert asyncio.run(judged_then_read()) == (False, {"type": "result", "id": 2})
 
 
-def test_a_stream_that_ends_while_a_silent_agent_is_judged_leaves_the_verdict(
+def test_a_stream_that_ends_while_a_silent_agent_is_judged_ends_the_question(
     pair: Pair,
 ) -> None:
+    """The end is judged as any stream's end (memory, the task limit): the verdict asked
+    of a container that was stopping could still read it running (the review)."""
     channel, agent = pair
     agent.close()
-    assert asyncio.run(_asked_while_listening(channel, _slow_no(0.2))) is False
+
+    async def judged() -> tuple[float, BaseException | None]:
+        began = time.monotonic()
+        try:
+            await _asked_while_listening(channel, _slow_no(5))
+        except ProtocolError as exc:
+            return time.monotonic() - began, exc
+        return time.monotonic() - began, None
+
+    took, raised = asyncio.run(judged())
+    assert isinstance(raised, ProtocolError) and took < 4, (took, raised)

@@ -14,6 +14,7 @@ import pytest
 
 from retool_exec.backends.docker.host_process import (
     READ_SYSCALL,
+    has_ended,
     syscall_reads_stdin,
     waits_to_read_stdin,
 )
@@ -107,9 +108,24 @@ def test_a_verdict_docker_does_not_give_in_time_is_no() -> None:
 
     async def both() -> tuple[bool, bool, float]:
         began = time.monotonic()
-        late = await backend._answered_within(stalled(), 0.2)
-        return late, await backend._answered_within(prompt(), 0.2), time.monotonic() - began
+        late = await backend._answered_within(stalled(), 0.2, False)
+        return late, await backend._answered_within(prompt(), 0.2, False), time.monotonic() - began
 
     late, on_time, took = asyncio.run(both())
     assert (late, on_time) == (False, True)
     assert took < 5
+
+
+def test_a_zombie_has_ended_and_a_live_or_unseen_process_has_not() -> None:
+    """A dying gVisor sandbox showed as a zombie while Docker still had it running: the
+    host then reads its container as stopped (thirty-fifth session's review)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])  # not reaped until waited
+    try:
+        give_up = time.monotonic() + 10
+        while not has_ended(child.pid) and time.monotonic() < give_up:
+            time.sleep(0.01)
+        assert has_ended(child.pid)
+        assert not has_ended(os.getpid())
+    finally:
+        child.wait()
+    assert not has_ended(child.pid)  # reaped: not in view, Docker's word stands

@@ -17,7 +17,7 @@ import secrets
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import docker
 import docker.errors
@@ -33,6 +33,7 @@ from retool_exec.backends.docker.client import connect, retry_docker
 from retool_exec.backends.docker.containers import (
     ContainerFactory,
     SandboxContainer,
+    Silence,
     find_orphans,
     remove_container,
 )
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
 __all__ = ["DockerBackend", "PoolStats"]
 
 log = logging.getLogger(__name__)
+A = TypeVar("A")
 
 START_GRACE = 5.0
 """Seconds a container has to start the code (its "started" frame); past them it is taken
@@ -92,9 +94,12 @@ class CallProgress:
     in_transit_until: float | None = None
     """Set when the wait ended with the agent waiting for its next request: the
     ``time.monotonic()`` until which the host waits for its answer in Docker's stream."""
-    held_up: bool | None = None
-    """Whether the container was kept busy while its agent was silent to the wait's end
-    (``held_up_by_its_code``), asked as the wait ends (None: not asked)."""
+    silence: Silence | None = None
+    """What the container did while its agent was silent to the wait's end
+    (``silent_agents_container``), asked as the wait ends (None: not asked)."""
+    questions_until: float | None = None
+    """When the host stops asking Docker about the silent agent: ``VERDICT_QUESTIONS``
+    from the wait's first end, however many frames come between its questions."""
 
 
 TASK_LIMIT_SAMPLE = 0.1
@@ -141,26 +146,33 @@ VERDICT_PROBE_BUDGET = 2.0
 """Seconds the host asks Docker, at a silent call's deadline, whether its container is
 busy or its agent answered: a daemon that stalls the stream may stall those answers too
 (docker-py would wait 60 s); not known by then, the answer is no."""
+VERDICT_QUESTIONS = 2 * VERDICT_PROBE_BUDGET
+"""Seconds all of a call's questions about its silent agent take at most: its two
+(answered? busy?), however many times a frame that comes meanwhile (``started``,
+``ended``) sends the wait round again (a review found each round asking anew)."""
 
 
-async def _answered_within(asking: Coroutine[Any, Any, bool], seconds: float) -> bool:
-    """``asking``'s answer, or False past ``seconds`` (its worker thread ends on its own)."""
+async def _answered_within(asking: Coroutine[Any, Any, A], seconds: float, unknown: A) -> A:
+    """``asking``'s answer, or ``unknown`` past ``seconds`` (its worker thread ends on
+    its own)."""
     try:
         return await asyncio.wait_for(asking, seconds)
     except TimeoutError:
-        return False
+        return unknown
 
 
 async def _asked_while_listening(
-    channel: AgentChannel, asking: Coroutine[Any, Any, bool]
-) -> dict[str, Any] | bool:
+    channel: AgentChannel, asking: Coroutine[Any, Any, A]
+) -> dict[str, Any] | A:
     """``asking``'s answer about a silent agent, or the agent's frame if one comes first.
 
     Why: at a wait's end the host asks Docker about the container, which took 2.3 s on
     a loaded host (six fork bombs in cells under gVisor, each to its limit); the cell's
     answer arrived meanwhile, unread, and the verdict said the container had failed: a
     ``sandbox_error`` the cell's own code caused (a CI run of the thirty-fifth session).
-    A stream that ends meanwhile leaves the answer to ``asking``.
+    A stream that ends meanwhile ends the question: its ProtocolError is raised, and the
+    end judged as any stream's end (a container that stopped under its silent agent,
+    gVisor's kernel killed for memory, could still read as running, or as busy).
 
     The listen is cancelled and awaited before the caller reads again: a cancelled read
     still unwinding removed the channel's reader that the caller's next read had set,
@@ -171,14 +183,21 @@ async def _asked_while_listening(
     frame.add_done_callback(_exception_taken)
     try:
         await asyncio.wait({probe, frame}, return_when=asyncio.FIRST_COMPLETED)
-        if frame.done() and not frame.cancelled() and frame.exception() is None:
-            return frame.result()
+        if frame.done() and not frame.cancelled():
+            return frame.result()  # (or its ProtocolError)
         return await probe
     finally:
         probe.cancel()  # (its worker thread ends on its own)
         if not frame.done():
             frame.cancel()
             await asyncio.wait({frame})
+
+
+def _question_budget(progress: CallProgress) -> float:
+    """Seconds one more question about a silent agent may take (``VERDICT_QUESTIONS``)."""
+    if progress.questions_until is None:
+        progress.questions_until = time.monotonic() + VERDICT_QUESTIONS
+    return min(VERDICT_PROBE_BUDGET, progress.questions_until - time.monotonic())
 
 
 def _exception_taken(task: asyncio.Future[Any]) -> None:
@@ -355,25 +374,25 @@ class DockerBackend(Backend):
             try:
                 reply = await self._call(container, request, progress, frame)
             except (TimeoutError, ProtocolError) as exc:
-                # Read first: the cgroup goes with the container (``task_limit_reached``).
-                over_tasks = isinstance(exc, ProtocolError) and task_limit_reached(
-                    container, progress, tasks_before
-                )
-                # A stream that ended may be gVisor killing the sandbox for memory; a silent
-                # agent (frozen, or wedged) is still running, so there is nothing to ask.
+                # A stream that ended, or a container found stopped under its silent agent
+                # as the wait ended (``progress.silence``: the end had not come through
+                # yet), may be gVisor's kernel killed for memory or tasks; a silent agent
+                # in a running container has nothing to ask. Read first: the cgroup goes
+                # with the container (``task_limit_reached``).
+                ended = isinstance(exc, ProtocolError) or progress.silence == "stopped"
+                over_tasks = ended and task_limit_reached(container, progress, tasks_before)
                 # Asked even without a "started" frame: the agent sends that frame only
                 # once a call has run 50 ms, and only code can outgrow the container.
                 past = isinstance(exc, TimeoutError) and time.monotonic() >= progress.deadline
                 try:
                     oom = (
-                        isinstance(exc, ProtocolError)
+                        ended
                         and self._factory is not None
                         and await self._factory.oom_killed(
                             container.id, oom_before, known=container.oom_kills > 0
                         )
                     )
-                    # Asked as the wait ended, before the container was retired (and killed).
-                    held_up = past and progress.held_up is True
+                    held_up = past and progress.silence == "busy"
                 finally:
                     pool.retire(container)
                 broken = isinstance(exc, ProtocolError)
@@ -521,16 +540,16 @@ class DockerBackend(Backend):
         counted = self.container_oom_count(container)
         return before is not None and counted is not None and counted > before
 
-    async def held_up_by_its_code(
-        self, container: SandboxContainer, progress: CallProgress
-    ) -> bool:
-        """Whether a container whose agent was silent past the deadline was kept busy,
-        since ``progress``'s CPU note (``ContainerFactory.held_up_by_its_call``); not
-        known within ``VERDICT_PROBE_BUDGET``, it was not."""
-        if self._factory is None:
-            return False
-        asking = self._factory.held_up_by_its_call(container.id, since=progress.cpu_when_late)
-        return await _answered_within(asking, VERDICT_PROBE_BUDGET)
+    async def silence_of(self, container: SandboxContainer, progress: CallProgress) -> Silence:
+        """What a container whose agent was silent past the deadline was doing, since
+        ``progress``'s CPU note (``ContainerFactory.silent_agents_container``); not
+        known within ``VERDICT_PROBE_BUDGET`` (and the call's ``questions_until``), it was
+        idle."""
+        budget = _question_budget(progress)
+        if self._factory is None or budget <= 0:
+            return "idle"
+        asking = self._factory.silent_agents_container(container.id, since=progress.cpu_when_late)
+        return await _answered_within(asking, budget, "idle")
 
     async def container_oom_killed(self, container: SandboxContainer, before: int | None) -> bool:
         """Whether Docker saw ``container`` killed for memory since ``before`` (after
@@ -613,7 +632,7 @@ class DockerBackend(Backend):
                 until=until,
                 late=late,
                 in_transit=final,
-                ask_held_up=progress.ended is None and until >= deadline,
+                ask_silence=progress.ended is None and until >= deadline,
             )
             authentic = reply.get("id") == call_id and hmac.compare_digest(
                 str(reply.get("nonce")), container.nonce
@@ -654,7 +673,7 @@ class DockerBackend(Backend):
         until: float,
         late: float | None,
         in_transit: bool = True,
-        ask_held_up: bool = False,
+        ask_silence: bool = False,
     ) -> dict[str, Any]:
         """The agent's next frame, waited for until ``until`` (``time.monotonic()``; then
         TimeoutError); if the agent is still silent at ``late``, the container's CPU is
@@ -665,9 +684,9 @@ class DockerBackend(Backend):
         answered (``host_process``), and the wait goes on, once per call, until
         ``ANSWER_IN_TRANSIT`` later (``progress.in_transit_until``).
 
-        ``ask_held_up``: at the wait's final end, whether the container was kept busy is
-        asked then (``progress.held_up``), listening on: an answer that comes while the
-        host asks is the call's (``_asked_while_listening``)."""
+        ``ask_silence``: at the wait's final end, what the container was doing is asked
+        then (``progress.silence``), listening on: an answer that comes while the host
+        asks is the call's (``_asked_while_listening``)."""
         sampling = container.task_limit_hits is not None
         while True:
             noting = late is not None and not progress.cpu_noted
@@ -695,12 +714,12 @@ class DockerBackend(Backend):
                 if answer:
                     until = progress.in_transit_until or until
                     continue
-                if ask_held_up and progress.in_transit_until is None:
-                    asking = self.held_up_by_its_code(container, progress)
+                if ask_silence and progress.in_transit_until is None:
+                    asking = self.silence_of(container, progress)
                     verdict = await _asked_while_listening(container.channel, asking)
                     if isinstance(verdict, dict):
                         return verdict
-                    progress.held_up = verdict
+                    progress.silence = verdict
                 raise
 
     async def _answer_in_transit(
@@ -709,11 +728,10 @@ class DockerBackend(Backend):
         """Whether, the first time a wait ends, the agent waits for its next request (it
         answered; Docker's stream holds the answer): the wait's new end is noted. The
         agent's frame instead, if it comes while that is asked."""
-        if progress.in_transit_until is not None or self._factory is None:
+        budget = _question_budget(progress)
+        if progress.in_transit_until is not None or self._factory is None or budget <= 0:
             return False
-        asking = _answered_within(
-            self._factory.awaits_next_request(container.id), VERDICT_PROBE_BUDGET
-        )
+        asking = _answered_within(self._factory.awaits_next_request(container.id), budget, False)
         answer = await _asked_while_listening(container.channel, asking)
         if not answer or isinstance(answer, dict):
             return answer
@@ -727,7 +745,7 @@ class DockerBackend(Backend):
 
     async def _note_cpu(self, container: SandboxContainer, progress: CallProgress) -> None:
         """Note the container's CPU seconds now (``LATE_PROBE`` past the call's limit, the
-        agent silent): what ``held_up_by_its_call`` measures a silent agent's container
+        agent silent): what ``silent_agents_container`` measures a silent agent's container
         against.
 
         Why a window that long: one sample of 0.1 s read a container starved by eleven
@@ -851,8 +869,9 @@ class DockerBackend(Backend):
         call that chose its outcome (twenty-ninth red-team round). The host cannot tell
         that from an agent that failed on its own during the call; what it does know is
         that the call was given its whole time and did not end in it, in a container that
-        nobody paused and that was busy since the agent was late (``held_up_by_its_call``
-        over ``_note_cpu``'s window: an agent stopped or wedged leaves it idle,
+        nobody paused and that was busy since the agent was late
+        (``silent_agents_container`` over ``_note_cpu``'s window: an agent stopped or
+        wedged leaves it idle,
         before the code ran or after it ended, and reads as the sandbox's failure). Only
         the OOM counter is read (``oom_killed`` waits for a container that stops; this one
         still runs).

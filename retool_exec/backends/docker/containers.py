@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import docker
 import docker.errors
@@ -39,7 +39,7 @@ from retool_exec.backends.docker.host_cgroup import (
     find_host_memory,
     find_task_limit_hits,
 )
-from retool_exec.backends.docker.host_process import waits_to_read_stdin
+from retool_exec.backends.docker.host_process import has_ended, waits_to_read_stdin
 from retool_exec.backends.docker.oom_events import OomEvents
 from retool_exec.backends.docker.protocol import AgentChannel, ProtocolError
 
@@ -56,6 +56,8 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+Silence = Literal["busy", "idle", "stopped"]
+"""What a container whose agent is silent past a deadline is doing (``silent_agents_container``)."""
 log = logging.getLogger(__name__)
 
 LABEL_MANAGED = "org.retool_exec.managed"
@@ -255,7 +257,7 @@ class ContainerFactory:
         self._threads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="retool-docker")
         self._probes = ThreadPoolExecutor(max_workers=4, thread_name_prefix="retool-probe")
         """Threads of their own for the quick reads a silent agent's call waits on
-        (``held_up_by_its_call``, ``cpu_seconds``): behind removals of containers full of
+        (``silent_agents_container``, ``cpu_seconds``): behind removals of containers full of
         fork bombs (seconds each) in ``_threads``, a CPU note was taken 0.6 s late and a
         cell's outcome decided 2.6 s past its deadline (thirty-first round). Four: six
         cells silent at once queued behind two for 2.3 s, past ``VERDICT_PROBE_BUDGET``
@@ -564,26 +566,32 @@ class ContainerFactory:
         except Exception:
             return False
 
-    async def held_up_by_its_call(
+    async def silent_agents_container(
         self, container_id: str, *, since: tuple[float, float] | None = None
-    ) -> bool:
-        """Whether a container whose agent went silent is running, not paused, and busy
-        (``host_cgroup.busy``, since ``since``, the time and CPU seconds noted when the
-        agent was late, else over a sample; busy too where its cgroup cannot be read): a
-        call keeping its agent from answering, not an agent or a daemon that failed on its
-        own, nor a container someone else froze (which no call can do)."""
+    ) -> Silence:
+        """What a container whose agent went silent is doing: ``"busy"`` (running, not
+        paused, and busy by ``host_cgroup.busy``, since ``since``, the time and CPU seconds
+        noted when the agent was late, else over a sample; busy too where its cgroup
+        cannot be read): a call keeping its agent from answering; ``"stopped"``: it ended
+        (gVisor's kernel killed for memory or tasks) and its stream's end has not come
+        yet; else ``"idle"``: an agent or a daemon that failed on its own, or a container
+        someone else froze (which no call can do)."""
 
-        def inspect() -> bool:
+        def inspect() -> Silence:
             state = self.client.api.inspect_container(container_id).get("State", {})
             pid = state.get("Pid")
-            if state.get("Paused") or not state.get("Running") or not isinstance(pid, int):
-                return False
-            return busy(pid, since=since) is not False
+            if state.get("Paused"):
+                return "idle"
+            if not state.get("Running") or not isinstance(pid, int) or pid <= 0:
+                return "stopped"
+            if has_ended(pid):
+                return "stopped"
+            return "idle" if busy(pid, since=since) is False else "busy"
 
         try:
             return await self._blocking(inspect, probe=True)
         except Exception:
-            return False
+            return "idle"
 
     async def awaits_next_request(self, container_id: str) -> bool:
         """Whether the agent of a running container (runc: the host sees it as a process)

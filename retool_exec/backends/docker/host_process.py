@@ -41,6 +41,19 @@ def waits_to_read_stdin(pid: int) -> bool | None:
     return state == ["S"] and syscall_reads_stdin(fields, number)
 
 
+def has_ended(pid: int) -> bool:
+    """Whether process ``pid`` is a zombie: a container whose first process is has
+    stopped, whatever Docker says yet (a dying gVisor sandbox showed as a zombie while
+    Docker still had it running). False where the host cannot tell (the pid is not in
+    this host's view, or gone): Docker's word stands there."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as file:
+            state = file.read(4096).rpartition(")")[2].split()[:1]
+    except OSError:
+        return False
+    return state in (["Z"], ["X"])
+
+
 def syscall_reads_stdin(fields: list[str], read_number: int) -> bool | None:
     """``/proc/PID/syscall``'s fields read: the call's number and its arguments in hex
     ("running" while on a CPU, "-1 ..." blocked outside a call)."""

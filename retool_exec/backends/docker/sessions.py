@@ -133,7 +133,7 @@ class SessionFamily:
                 deadline = taken + timeout
                 late = None if note_cpu_after is None else taken + note_cpu_after
                 reply = await self.backend.receive_noting_cpu(
-                    container, progress, until=deadline, late=late, ask_held_up=late is not None
+                    container, progress, until=deadline, late=late, ask_silence=late is not None
                 )
                 authentic = reply.get("id") == call_id and hmac.compare_digest(
                     str(reply.get("nonce")), container.nonce
@@ -168,22 +168,23 @@ class SessionFamily:
         """Why the family's container is lost: killed for memory, kept busy past the
         deadline by the family's code (``held_up``), or failed.
 
-        A silent agent's container is still running: Docker's OOM count is read as it
-        is (``container_oom_killed`` waits up to 6 s for a container to stop, which a
+        A silent agent's container still running (``progress.silence``, asked as the wait
+        ended; a stopped one is judged as a stream that ended): Docker's OOM count is read
+        as it is (``container_oom_killed`` waits up to 6 s for a container to stop, which a
         silent one never does: a cell came back 6 s past its deadline), and asked
         whether it was busy, as a call's is (``DockerBackend._silent_past_deadline``):
         four fork bombs in cells of four families under gVisor, each to its limit,
         kept their agents silent past the grace and came back as the sandbox's failure
         (thirty-first round)."""
-        if isinstance(exc, TimeoutError):
+        if isinstance(exc, TimeoutError) and progress.silence != "stopped":
             self.oom = self.backend.oom_counted_since(container, oom_before)
             self.held_up = (  # asked as the wait ended (``receive_noting_cpu``)
                 cell
                 and not self.oom
                 and progress.in_transit_until is None
-                and progress.held_up is True
+                and progress.silence == "busy"
             )
-        else:
+        else:  # its stream ended, or its container stopped before the end came through
             self.over_tasks = task_limit_reached(container, progress, progress.tasks_before)
             self.oom = await self.backend.container_oom_killed(container, oom_before)
         if self.over_tasks and not self.oom:
@@ -199,7 +200,11 @@ class SessionFamily:
                 "killed"
             )
         else:
-            self.lost = f"the session's container failed: {str(exc) or type(exc).__name__}"
+            why = str(exc) or (
+                f"its agent was silent past the deadline ({timeout:.1f}s), the container "
+                "idle, paused or stopped"
+            )
+            self.lost = f"the session's container failed: {why}"
 
     def forget(self, sid: int) -> None:
         """A session the agent reported gone; the family ends with its last session (its
