@@ -636,8 +636,14 @@ def test_under_gvisor_fork_bombs_run_to_their_limit_are_their_own_timeouts() -> 
         sandbox.start()
         for timeout in (2.0, 3.0):
             results = asyncio.run(at_once(sandbox, timeout))
-            outcomes = {result.outcome for result in results}
-            assert outcomes <= {Outcome.TIMEOUT, Outcome.OOM}, [r.detail for r in results]
+            for bomb, result in zip(bombs, results, strict=True):
+                if result.outcome is Outcome.ERROR and bomb != catch:
+                    # The bomb that does not catch its fork's failure may end by it before
+                    # its limit: its own traceback, an answer read since the host listens
+                    # while it judges a silent agent (finding 89; seen once in CI).
+                    assert "Error" in result.stderr, result
+                    continue
+                assert result.outcome in {Outcome.TIMEOUT, Outcome.OOM}, result
         assert sandbox.run_code("print(6 * 7)").stdout == "42\n"
 
 
