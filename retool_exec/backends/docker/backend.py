@@ -383,7 +383,6 @@ class DockerBackend(Backend):
                 over_tasks = ended and task_limit_reached(container, progress, tasks_before)
                 # Asked even without a "started" frame: the agent sends that frame only
                 # once a call has run 50 ms, and only code can outgrow the container.
-                past = isinstance(exc, TimeoutError) and time.monotonic() >= progress.deadline
                 try:
                     oom = (
                         ended
@@ -392,7 +391,8 @@ class DockerBackend(Backend):
                             container.id, oom_before, known=container.oom_kills > 0
                         )
                     )
-                    held_up = past and progress.silence == "busy"
+                    # (Asked only once the wait reached the call's deadline.)
+                    held_up = progress.silence == "busy"
                 finally:
                     pool.retire(container)
                 broken = isinstance(exc, ProtocolError)

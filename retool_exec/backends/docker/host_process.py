@@ -29,16 +29,17 @@ def waits_to_read_stdin(pid: int) -> bool | None:
     number = READ_SYSCALL.get(platform.machine().lower())
     if number is None:
         return None
+    state = _state(pid)
+    if state is None:
+        return None
     try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as file:
-            state = file.read(4096).rpartition(")")[2].split()[:1]
         with open(f"/proc/{pid}/syscall", encoding="ascii") as file:
             fields = file.read(256).split()
     except (OSError, ValueError):
         return None
     # Sleeping in the call: a process stopped (by a signal, a tracer) shows the call it
     # was in too, and answers nothing until it runs again.
-    return state == ["S"] and syscall_reads_stdin(fields, number)
+    return state == "S" and syscall_reads_stdin(fields, number)
 
 
 def has_ended(pid: int) -> bool:
@@ -46,12 +47,17 @@ def has_ended(pid: int) -> bool:
     stopped, whatever Docker says yet (a dying gVisor sandbox showed as a zombie while
     Docker still had it running). False where the host cannot tell (the pid is not in
     this host's view, or gone): Docker's word stands there."""
+    return _state(pid) in {"Z", "X"}
+
+
+def _state(pid: int) -> str | None:
+    """Process ``pid``'s state letter in ``/proc/PID/stat`` (None: not readable here)."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as file:
-            state = file.read(4096).rpartition(")")[2].split()[:1]
+            fields = file.read(4096).rpartition(")")[2].split()
     except OSError:
-        return False
-    return state in (["Z"], ["X"])
+        return None
+    return fields[0] if fields else None
 
 
 def syscall_reads_stdin(fields: list[str], read_number: int) -> bool | None:
