@@ -94,6 +94,18 @@ def truncate_tail(text: str, limit: int = MAX_OUTPUT_CHARS) -> str:
     return f"[... truncated {omitted} chars ...]\n{kept}"
 
 
+MARK_ROOM = 40
+"""What ``truncate_tail``'s marker adds to a text it cut (``[... truncated N chars ...]``
+and a newline, N below 10**13)."""
+
+
+def within(text: str, limit: int) -> str:
+    """``text`` cut by ``truncate_tail`` unless it is within ``limit`` and a marker's room:
+    a backend's cell texts arrive already cut (marker included), and cutting them again
+    would count only the second cut."""
+    return text if len(text) <= limit + MARK_ROOM else truncate_tail(text, limit)
+
+
 def neutral_spelling(marker: str) -> str:
     """The seed's way of defusing a marker: ``<|x|>`` → ``< x >``, ``<x>`` → ``< x >``,
     ``</x>`` → ``< /x>``; any other marker gets a space after its first character.

@@ -23,7 +23,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
 from retool_exec._errors import SandboxClosedError, SessionLostError
-from retool_exec._formatting import MAX_OUTPUT_CHARS
+from retool_exec._formatting import MAX_OUTPUT_CHARS, within
 from retool_exec._models import ExecResult
 from retool_exec.backends.base import SessionHandle
 
@@ -83,9 +83,10 @@ class Session:
 
     def value_text(self, result: ExecResult) -> str:
         """The value of the cell's final expression as text ("" when none), bounded like a
-        stream: at most the backend's ``max_output_chars`` (its head, and how much was
-        left out). Why: the agent keeps up to 64 KiB of a value; a cell ending in
-        ``'A' * 10**6`` made a 69,665-character observation (the sixth red-team round)."""
+        stream: at most the backend's ``max_output_chars``, its end after the seed's
+        marker (``within``: a backend cuts a value so already; a cell ending in
+        ``'A' * 10**6`` made a 69,665-character observation, the sixth red-team round, and
+        keeping the head of a value cut so lost its last characters, the thirty-sixth)."""
         shown = "\n".join(
             str(item.get("text/plain", ""))
             for cell in result.cells
@@ -94,9 +95,7 @@ class Session:
         )
         config = getattr(self._sandbox.backend, "config", None)
         limit = getattr(config, "max_output_chars", MAX_OUTPUT_CHARS)
-        if len(shown) > limit:
-            return f"{shown[:limit]}... [{len(shown) - limit} more characters of the value]"
-        return shown
+        return within(shown, limit)
 
     # -- branching -------------------------------------------------------------
 

@@ -92,7 +92,7 @@ from collections.abc import Collection, Iterator, Mapping
 from typing import IO, Any, TypeGuard
 
 from retool_exec._errors import SessionError, SessionLostError
-from retool_exec._formatting import truncate_tail
+from retool_exec._formatting import within
 from retool_exec._models import CellResult, ExecResult, Outcome, classify_exit
 from retool_exec._output import TailBuffer, read_cap_bytes
 from retool_exec.backends.base import Backend, RunRequest, SessionHandle
@@ -744,7 +744,7 @@ class LocalSubprocessBackend(Backend):
                     cpu=request.cpu_seconds,
                     stack=_stack_limit(request.stack_mb),
                     fd=child.fileno(),
-                    cap=limit,
+                    cap=_cell_chars(limit, request.cell_output_chars),
                 )
                 try:
                     transport, _ = await loop.subprocess_exec(
@@ -940,8 +940,9 @@ class _Notebook:
         self._exited = exited
         self._channel = channel
         self._limit = limit
-        self._stream_chars = limit if stream_chars is None else min(stream_chars, limit)
-        """Each cell's stdout and stderr kept (``RunRequest.cell_output_chars``)."""
+        self._stream_chars = _cell_chars(limit, stream_chars)
+        """Each cell's stdout and stderr kept (``RunRequest.cell_output_chars``), and the
+        characters of its value and error texts (as the driver cut them)."""
         self.cells: list[CellResult] = []
         self.timed_out = False
         """The notebook's time passed, or a cell's did and the process had to be killed."""
@@ -989,7 +990,9 @@ class _Notebook:
         finally:
             stdout, stdout_dropped = out.finish()
             stderr, stderr_dropped = err.finish()
-        display, error = _answer_fields(answer, self._limit) if answer is not None else ([], [])
+        display, error = (
+            _answer_fields(answer, self._stream_chars) if answer is not None else ([], [])
+        )
         return CellResult(
             stdout=stdout,
             stderr=stderr,
@@ -1150,6 +1153,11 @@ async def _receive(
     return b"".join(chunks)
 
 
+def _cell_chars(limit: int, cell_output_chars: int | None) -> int:
+    """The characters of each cell's texts kept: ``cell_output_chars`` within ``limit``."""
+    return limit if cell_output_chars is None else min(cell_output_chars, limit)
+
+
 def _cell_limit(cell_timeout: float | None) -> float:
     if cell_timeout is None or not math.isfinite(cell_timeout) or cell_timeout <= 0:
         return math.inf
@@ -1195,8 +1203,7 @@ def _listed(value: object) -> list[Any]:
 def _bounded(text: str, limit: int) -> str:
     """``text`` as valid UTF-8 text, cut to ``limit`` characters by the seed's rule if longer
     (a string the driver already cut, marker included, passes unchanged)."""
-    text = text.encode("utf-8", "replace").decode("utf-8")
-    return text if len(text) <= limit + 40 else truncate_tail(text, limit)
+    return within(text.encode("utf-8", "replace").decode("utf-8"), limit)
 
 
 # -- sessions --------------------------------------------------------------------------

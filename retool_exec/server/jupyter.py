@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from retool_exec._formatting import within
 from retool_exec._models import CellResult, ExecResult
 from retool_exec.server.results import cut_stream, outcome_message
 from retool_exec.server.schemas import CellRunResult
@@ -86,7 +87,7 @@ def error_entry(item: dict[str, Any], chars: int) -> dict[str, Any]:
     ]
     return {
         "ename": _text(str(item.get("ename", ""))),
-        "evalue": cut_stream(_text(str(item.get("evalue", ""))), 0, chars)[0],
+        "evalue": within(_text(str(item.get("evalue", ""))), chars),
         "traceback": _tail_lines(lines, chars),
     }
 
@@ -108,11 +109,12 @@ def _tail_lines(lines: list[str], chars: int) -> list[str]:
 
 
 def display_entry(item: dict[str, str], chars: int) -> dict[str, str] | None:
-    """A cell's ``{"text/plain": ...}`` display, cut to ``chars``; None if it has no text."""
+    """A cell's ``{"text/plain": ...}`` display, cut to ``chars`` (``within``: the backend
+    cut it to the request's ``cell_output_chars`` already); None if it has no text."""
     text = item.get("text/plain")
     if not isinstance(text, str):
         return None
-    return {"text/plain": cut_stream(_text(text), 0, chars)[0]}
+    return {"text/plain": within(_text(text), chars)}
 
 
 def _text(value: str) -> str:

@@ -1578,6 +1578,36 @@ class TestBackendContract:
         assert first.stdout_dropped_chars == 404
         assert (second.stderr, second.stderr_dropped_chars) == ("b" * 50, 0)
 
+    def test_a_long_value_and_error_keep_their_ends_with_the_count_cut(
+        self, sandbox: Sandbox
+    ) -> None:
+        """A cell's value and exception are cut as its output is (the seed's marker, the
+        tail, the exact count): the Docker agent kept a value's first 65,536 characters
+        unmarked and an exception's first 4,096, which a server then cut from the middle
+        and counted wrong (red team, the thirty-sixth round)."""
+        request = RunRequest(
+            code="",
+            cells=(
+                "list(range(100000))",
+                "raise ValueError('A' * 5000 + 'END')",
+                "class Long:\n    def __repr__(self):\n        return 'x' * 150 + 'LAST'\nLong()",
+            ),
+            cell_output_chars=100,
+            timeout=10.0,
+        )
+        result = run_request(sandbox, request)
+        value = repr(list(range(100000)))
+        assert result.cells[0].display == [
+            {"text/plain": f"[... truncated {len(value) - 100} chars ...]\n{value[-100:]}"}
+        ]
+        (error,) = result.cells[1].error
+        assert error["evalue"] == "[... truncated 4903 chars ...]\n" + "A" * 97 + "END"
+        assert error["traceback"][-1].endswith("A" * 50 + "END\n"), error["traceback"]
+        assert sum(map(len, error["traceback"][1:-1])) <= 100, error["traceback"]
+        assert result.cells[2].display == [
+            {"text/plain": "[... truncated 54 chars ...]\n" + "x" * 96 + "LAST"}
+        ]
+
     def test_output_written_to_the_descriptors_stays_with_its_cell(self, sandbox: Sandbox) -> None:
         result = run_cells(
             sandbox,

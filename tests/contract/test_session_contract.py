@@ -300,6 +300,24 @@ class TestSessionContract:
             result = session.run_code("6 * 7")
             assert (result.ok, shown(result)) == (True, "42"), result
 
+    def test_a_long_value_keeps_its_end_with_the_count_cut(self, sandbox: Sandbox) -> None:
+        """As a call's output: the seed's marker, the exact count, the tail (the Docker
+        agent sent the first 65,536 characters, unmarked: the thirty-sixth round)."""
+        cap = sandbox.backend.config.max_output_chars
+        text = repr(list(range(100000)))
+        with sandbox.session() as session:
+            result = session.run_code("list(range(100000))")
+            assert result.cells[0].display == [
+                {"text/plain": f"[... truncated {len(text) - cap} chars ...]\n{text[-cap:]}"}
+            ]
+            # ... and so the observation (a value's head kept lost its end: red team C)
+            assert session.value_text(result) == result.cells[0].display[0]["text/plain"]
+            assert session.format_tool_content(result).rstrip().endswith("99999]")
+            (error,) = session.run_code("raise ValueError('A' * 9000 + 'END')").cells[0].error
+            assert error["evalue"] == f"[... truncated {9003 - cap} chars ...]\n" + (
+                "A" * (cap - 3) + "END"
+            )
+
     def test_a_final_expression_is_displayed_not_printed(self, sandbox: Sandbox) -> None:
         with sandbox.session() as session:
             result = session.run_code("x = 6\nx * 7")

@@ -135,6 +135,27 @@ def test_a_notebook_cell_whose_exception_class_answers_for_itself_is_its_error(
     assert cells[2]["display"] == [{"text/plain": "42"}], cells
 
 
+def test_a_notebooks_long_value_and_error_read_as_on_the_local_backend(
+    docker_url: str, local_url: str, client: httpx.Client
+) -> None:
+    """Each keeps its end, after the seed's marker with the whole count: the agent kept a
+    value's head, which this server then cut from the middle and counted wrong (red
+    team, the thirty-sixth round)."""
+    cells = ["list(range(100000))", "raise ValueError('A' * 5000 + 'END')"]
+    shown = {}
+    for url in (docker_url, local_url):
+        body = client.post(f"{url}/run_jupyter", json={"cells": cells}).json()
+        display, (error,) = body["cells"][0]["display"], body["cells"][1]["error"]
+        shown[url] = (display, error["evalue"], error["traceback"][-1])
+    value = repr(list(range(100000)))
+    chars = len(shown[docker_url][0][0]["text/plain"].split("\n", 1)[1])
+    assert shown[docker_url][0] == [
+        {"text/plain": f"[... truncated {len(value) - chars} chars ...]\n{value[-chars:]}"}
+    ]
+    assert shown[docker_url][1].endswith("A" * 100 + "END"), shown[docker_url]
+    assert shown[docker_url] == shown[local_url]
+
+
 def test_128_concurrent_requests_all_succeed(docker_url: str) -> None:
     async def storm() -> list[httpx.Response]:
         limits = httpx.Limits(max_connections=128, max_keepalive_connections=128)

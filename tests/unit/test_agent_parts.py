@@ -255,18 +255,25 @@ def test_the_supervisor_keeps_a_bounded_tail_and_counts_what_fell_off() -> None:
 def test_cell_records_from_the_child_are_bounded_and_typed() -> None:
     from retool_exec.backends.docker.agent.supervisor import _display, _errors
 
-    assert _display([{"text/plain": "x" * 100_000}, {"text/plain": "second"}]) == [
-        {"text/plain": "x" * 65536}
+    caps = wire.text_caps({})  # the bounds; a request's text_cap only lowers them
+    assert _display([{"text/plain": "x" * 100_000}, {"text/plain": "second"}], caps) == [
+        {"text/plain": "[... truncated 34464 chars ...]\n" + "x" * 65536}
     ]
-    assert _display("not a list") == [] and _errors({"ename": 1}) == []
-    [error] = _errors([{"ename": "E" * 1000, "evalue": 5, "traceback": ["l"] * 100}])
-    assert len(error["ename"]) == 256 and error["evalue"] == "5" and len(error["traceback"]) == 50
+    marked = wire.cut_tail("y" * 100_000, 65536)  # as the child cut it: kept as it is
+    assert _display([{"text/plain": marked}], caps) == [{"text/plain": marked}]
+    assert _display("not a list", caps) == [] and _errors({"ename": 1}, caps) == []
+    lines = [f"line {n}\n" for n in range(300)]
+    [error] = _errors([{"ename": "E" * 1000, "evalue": 5, "traceback": lines}], caps)
+    assert len(error["ename"]) == 200 and error["evalue"] == "5"
+    assert error["traceback"] == lines[-203:]  # the newest: the exception's own line last
+    [error] = _errors([{"evalue": "v" * 20_000 + "END"}], wire.text_caps({"text_cap": 10}))
+    assert error["evalue"] == "[... truncated 19993 chars ...]\n" + "v" * 7 + "END"
     # Nested values (which str() cannot always render: recursion) become empty text.
     deep: object = "bottom"
     for _ in range(2000):
         deep = [deep]
-    assert _display([{"text/plain": deep}]) == [{"text/plain": ""}]
-    [error] = _errors([{"ename": deep, "evalue": {"a": deep}, "traceback": [deep]}])
+    assert _display([{"text/plain": deep}], caps) == [{"text/plain": ""}]
+    [error] = _errors([{"ename": deep, "evalue": {"a": deep}, "traceback": [deep]}], caps)
     assert error == {"ename": "", "evalue": "", "traceback": [""]}
 
 

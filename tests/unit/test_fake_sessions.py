@@ -173,5 +173,5 @@ def test_a_cells_value_in_the_observation_is_bounded_like_a_stream() -> None:
         big = session.format_tool_content(big_result)
         value = session.value_text(big_result)
     assert "printed\n42\n" in small
-    assert value == "A" * 4096 + "... [61440 more characters of the value]"
+    assert value == "[... truncated 61440 chars ...]\n" + "A" * 4096
     assert value + "\n" in big and len(big) < 4096 + 200

@@ -10,12 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from retool_exec._formatting import (
+    MARK_ROOM,
     MAX_OUTPUT_CHARS,
     READ_CAP_BYTES,
     count_utf8_chars,
     truncate_tail,
+    within,
 )
 from retool_exec._output import TailBuffer, finish_stream
+from retool_exec.backends.docker.agent import wire
 
 _MARKER = re.compile(r"\A\[\.\.\. truncated (\d+) chars \.\.\.\]\n")
 
@@ -168,3 +171,34 @@ def test_finish_applies_the_seed_truncation() -> None:
 def test_finish_stream_adds_dropped_before_to_cut_chars() -> None:
     assert finish_stream(b"abcdef", 7, limit=4) == ("[... truncated 2 chars ...]\ncdef", 9)
     assert finish_stream("abc", 7, limit=4) == ("abc", 7)
+
+
+# --- a cell's value and error texts: the agent's copy of the rule ---------------------
+
+
+@settings(max_examples=300)
+@given(st.text(max_size=300), st.integers(min_value=0, max_value=320))
+def test_the_agents_cut_is_the_seeds(text: str, cap: int) -> None:
+    """The in-container agent cannot import the host's ``truncate_tail``: its copy must
+    cut as it does, and leave a text it cut (or a short one) as it is."""
+    assert wire.cut_tail(text, cap) == truncate_tail(text, cap)
+    assert wire.bounded(wire.cut_tail(text, cap), cap) == wire.cut_tail(text, cap)
+    assert within(wire.cut_tail(text, cap), cap) == wire.cut_tail(text, cap)
+    assert wire.bounded(text, cap) == within(text, cap)
+
+
+def test_the_marker_room_holds_the_longest_count() -> None:
+    assert len(f"[... truncated {10**13 - 1} chars ...]\n") <= MARK_ROOM  # ~10 TB cut
+    assert wire.CUT_MARK_ROOM == MARK_ROOM
+
+
+def test_a_traceback_keeps_its_exception_line_and_newest_frames() -> None:
+    frames = [f'  File "<cell 1>", line {n}, in f\n' for n in range(150)]
+    lines = ["Traceback (most recent call last):\n", *frames, "ValueError: " + "v" * 500 + "\n"]
+    kept = wire.traceback_tail(lines, 200)
+    assert kept[0] == lines[0]
+    assert re.fullmatch(r"  \[\.\.\. \d+ more lines of the traceback \.\.\.\]\n", kept[1])
+    assert kept[2:-1] == frames[-len(kept) + 3 :]
+    assert sum(map(len, kept[2:-1])) <= 200
+    assert kept[-1] == truncate_tail(lines[-1], 200)
+    assert wire.traceback_tail(lines[:3] + lines[-1:], 10_000) == lines[:3] + lines[-1:]

@@ -589,6 +589,7 @@ class DockerBackend(Backend):
             frame["cells"] = list(request.cells)
             frame["cell_timeout"] = request.cell_timeout
             frame["cell_read_cap"] = read_cap_bytes(self._cell_chars(request))
+            frame["text_cap"] = self._cell_chars(request)  # a value's, as local cuts it
         return frame
 
     async def _call(

@@ -291,6 +291,7 @@ class DockerSession(SessionHandle):
             "code": code,
             "timeout": timeout,
             "read_cap": read_cap_bytes(config.max_output_chars),
+            "text_cap": config.max_output_chars,  # a value's and an error's (``wire.cut_tail``)
         }
         bound = frame_limit.ASCII_JSON_BYTES_PER_CHAR * len(code) + frame_limit.FIELD_OVERHEAD * 8
         too_large = frame_limit.encoded_size_if_too_large(frame, bound)

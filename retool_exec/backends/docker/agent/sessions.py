@@ -12,7 +12,7 @@ status is the supervisor's to collect.
 
 Host -> agent frames (each with ``id`` and ``nonce``; each answered by a frame
 carrying them): ``session_open`` {sid, cpu_seconds, memory_mb},
-``session_cell`` {sid, code, timeout, read_cap}, ``session_fork`` {sid, new_sid},
+``session_cell`` {sid, code, timeout, read_cap, text_cap}, ``session_fork`` {sid, new_sid},
 ``session_close`` {sid}, ``family_reset`` (kill everything, clean, prove the
 baseline; answered by a ``reset`` frame).
 """
@@ -340,6 +340,7 @@ def run_cell(sid: int, request: dict[str, Any]) -> dict[str, Any]:
         return result
     timeout = float(request["timeout"])
     cap = int(request.get("read_cap", 16384))
+    caps = wire.text_caps(request)
     started = time.monotonic()
     deadline = started + timeout
     oom_before = sv.oom_kills()
@@ -349,7 +350,12 @@ def run_cell(sid: int, request: dict[str, Any]) -> dict[str, Any]:
     err_r, err_w = os.pipe()
     undeliverable = False
     try:
-        cell_frame = {"type": "cell", "code": str(request.get("code", "")), "token": token}
+        cell_frame = {
+            "type": "cell",
+            "code": str(request.get("code", "")),
+            "token": token,
+            "text_cap": caps[0],
+        }
         _send(process, cell_frame, [out_w, err_w], deadline)
     except TimeoutError:
         undeliverable = True  # it stopped taking cells (its code saw to it): time is up
@@ -431,11 +437,11 @@ def run_cell(sid: int, request: dict[str, Any]) -> dict[str, Any]:
         table.pop(sid, None)
         process.close()
     else:
-        error = sv._errors((cell or {}).get("error"))
+        error = sv._errors((cell or {}).get("error"), caps)
         result["returncode"] = 1 if error else 0
         result["cells"] = [
             {
-                "display": sv._display((cell or {}).get("display")),
+                "display": sv._display((cell or {}).get("display"), caps),
                 "error": error,
                 "finished": True,
                 "timed_out": cell_timed_out,

@@ -758,6 +758,7 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
     oom_before = oom_kills()
     cells = [str(cell) for cell in request.get("cells") or []]
     cell_timeout = request.get("cell_timeout")
+    caps = wire.text_caps(request)
 
     uploaded: list[str] = []
     setup_error = stdin_over_file_limit(request.get("stdin"))
@@ -837,7 +838,13 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
             zygote.discard_pending(child.events_r)
             announce_started()  # an earlier cell ended: the code ran; say so before waiting
         frame = wire.encode_for_call(
-            {"type": "cell", "index": index, "code": cells[index], "token": cell_token}
+            {
+                "type": "cell",
+                "index": index,
+                "code": cells[index],
+                "token": cell_token,
+                "text_cap": caps[0],
+            }
         )
         tails[out_r], tails[err_r] = Tail(cell_cap), Tail(cell_cap)  # (numbers reused: new)
         cell_pipes = {out_r, err_r}
@@ -959,8 +966,8 @@ def run_call(request: dict[str, Any], child: Child, nonce: object = None) -> dic
                     ):
                         record = cell_results[cell_index]
                         record["finished"] = True
-                        record["display"] = _display(message.get("display"))
-                        record["error"] = _errors(message.get("error"))
+                        record["display"] = _display(message.get("display"), caps)
+                        record["error"] = _errors(message.get("error"), caps)
                         if cell_index + 1 < len(cells):
                             cell_index += 1
                             try:
@@ -1112,41 +1119,49 @@ def _cell_frame(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _display(value: object) -> list[dict[str, str]]:
+def _display(value: object, caps: tuple[int, int]) -> list[dict[str, str]]:
+    """A cell's value as its end event gave it, within ``wire.text_caps``."""
     if not isinstance(value, list):
         return []
     return [
-        {"text/plain": _text(item.get("text/plain"), 1 << 16)}
+        {"text/plain": wire.bounded(_text(item.get("text/plain")), caps[0])}
         for item in value[:1]
         if isinstance(item, dict)
     ]
 
 
-def _errors(value: object) -> list[dict[str, Any]]:
+def _errors(value: object, caps: tuple[int, int]) -> list[dict[str, Any]]:
+    """A cell's exception as its end event gave it, within ``wire.text_caps``."""
     if not isinstance(value, list):
         return []
     records = []
     for item in value[:1]:
         if isinstance(item, dict):
-            traceback_lines = item.get("traceback")
+            lines = item.get("traceback")
+            lines = lines[-TRACEBACK_LINES:] if isinstance(lines, list) else []
             records.append(
                 {
-                    "ename": _text(item.get("ename"), 256),
-                    "evalue": _text(item.get("evalue"), 1 << 12),
-                    "traceback": [_text(line, 1 << 12) for line in traceback_lines[:50]]
-                    if isinstance(traceback_lines, list)
-                    else [],
+                    "ename": _text(item.get("ename"))[
+                        :200
+                    ],  # a class name: its head, as local keeps it
+                    "evalue": wire.bounded(_text(item.get("evalue")), caps[1]),
+                    "traceback": [wire.bounded(_text(line), caps[1]) for line in lines],
                 }
             )
     return records
 
 
-def _text(value: object, cap: int) -> str:
+TRACEBACK_LINES = 203
+"""Most lines of a cell's traceback: ``wire.traceback_tail`` keeps 200, its header and
+the count of those left out."""
+
+
+def _text(value: object) -> str:
     """A text field of a call's event: a string or a plain scalar, else "" (the events
     pipe is the call's to write, and ``str()`` of a deeply nested list it sent raises)."""
     if isinstance(value, str):
-        return value[:cap]
-    return str(value)[:cap] if isinstance(value, (int, float)) else ""
+        return value
+    return str(value) if isinstance(value, (int, float)) else ""
 
 
 def pump(fd: int, tails: dict[int, Tail], open_pipes: set[int], poller: select.poll) -> None:

@@ -141,6 +141,63 @@ def b64decode(text: object) -> bytes:
         raise WireError(f"bad base64 payload: {exc}") from exc
 
 
+# -- a cell's value and error texts -----------------------------------------------
+
+VALUE_CHARS = 1 << 16
+"""Most characters of a cell's value (its ``repr``) a call's process sends: with the
+error's, well under ``EVENT_FRAME_LIMIT`` even as six-byte JSON escapes."""
+ERROR_CHARS = 1 << 14
+"""Most characters of a cell's exception value, and of its traceback's kept lines."""
+CUT_MARK_ROOM = 40
+"""What the seed's marker adds to a text cut to its cap: a text within cap + this was
+cut already (or needs no cut)."""
+
+
+def text_caps(message: dict[str, Any]) -> tuple[int, int]:
+    """The characters a cell's value and its error's texts keep: the host's ``text_cap``
+    (the caller's output cap, as the local backend cuts them) within the event's bounds."""
+    cap = message.get("text_cap")
+    cap = cap if type(cap) is int and cap >= 0 else VALUE_CHARS
+    return min(cap, VALUE_CHARS), min(cap, ERROR_CHARS)
+
+
+def cut_tail(text: str, cap: int) -> str:
+    """The last ``cap`` characters of ``text``, after the seed's ``[... truncated N chars
+    ...]`` marker when any were cut: the rule of ``_formatting.truncate_tail`` and of the
+    local backend's notebook driver, so a cell's value reads the same on every backend
+    (its end is what a value's or a traceback's reader needs; N is exact)."""
+    if len(text) <= cap:
+        return text
+    kept = text[-cap:] if cap > 0 else ""
+    return f"[... truncated {len(text) - cap} chars ...]\n{kept}"
+
+
+def bounded(text: str, cap: int) -> str:
+    """``text`` as a cell's text within ``cap``: unchanged if ``cut_tail`` made it (or it
+    is short), else cut so (the events pipe is the call's to write)."""
+    return text if len(text) <= cap + CUT_MARK_ROOM else cut_tail(text, cap)
+
+
+def traceback_tail(lines: list[str], cap: int) -> list[str]:
+    """A traceback's lines as the local backend keeps them: the exception's own line,
+    then the newest lines that fit in ``cap`` characters, each cut by ``cut_tail``, and
+    the ``Traceback`` header with a count of the lines left out."""
+    lines = [cut_tail(line, cap) for line in lines[-200:]]
+    kept, total = lines[-1:], 0
+    for line in reversed(lines[:-1]):
+        if total + len(line) > cap:
+            break
+        kept.append(line)
+        total += len(line)
+    left = len(lines) - len(kept)
+    header = left > 0 and lines[0].startswith("Traceback")
+    if left > header:
+        kept.append(f"  [... {left - header} more lines of the traceback ...]\n")
+    if header:
+        kept.append(lines[0])
+    return kept[::-1]
+
+
 # -- messages ----------------------------------------------------------------------
 
 

@@ -1916,7 +1916,8 @@ def run_cells(request_sock: socket.socket, count: int, *, shadowing: object = No
             return 0
         token = str(cell.get("token", ""))
         code = str(cell.get("code", ""))
-        _one_cell(code, namespace, index, token, hooks, print_error=False, after=driver)
+        caps = wire.text_caps(cell)
+        _one_cell(code, namespace, index, token, hooks, caps=caps, print_error=False, after=driver)
     del namespace  # ``__main__`` alone holds it now, as in python3 at its end
     return _finish(0, before, hooks)
 
@@ -1943,7 +1944,7 @@ def run_session(request_sock: socket.socket) -> int:
         if kind == "cell" and len(fds) == 2:
             _install_output(fds)
             code, token = str(message.get("code", "")), str(message.get("token", ""))
-            _one_cell(code, namespace, index, token, hooks)
+            _one_cell(code, namespace, index, token, hooks, caps=wire.text_caps(message))
             index += 1
         elif kind == "fork" and len(fds) == 2:
             if _fork_session(*fds):
@@ -2058,6 +2059,7 @@ def _one_cell(
     token: str,
     hooks: CodeHooks,
     *,
+    caps: tuple[int, int],
     print_error: bool = True,
     after: tuple[int, int] | None = None,
 ) -> None:
@@ -2078,11 +2080,11 @@ def _one_cell(
         try:
             value = _run_cell(source, namespace, index, hooks)
             if value is not None:
-                display.append({"text/plain": _safe_repr(value)})
+                display.append({"text/plain": _safe_repr(value, caps[0])})
         finally:
             Interrupts.between_cells()
     except BaseException as exc:
-        error.append(_error_record(exc))
+        error.append(_error_record(exc, caps[1]))
         if print_error:
             _print_exception(exc, hooks)
     _flush_quietly()  # (python3 fidelity is the call's end's: a cell's end is IPython's)
@@ -2120,9 +2122,9 @@ def _run_cell(source: str, namespace: dict[str, Any], index: int, hooks: CodeHoo
     return None
 
 
-def _safe_repr(value: Any) -> str:
+def _safe_repr(value: Any, cap: int) -> str:
     try:
-        return _plain(repr(value))[: 1 << 16]
+        return wire.cut_tail(_plain(repr(value)), cap)
     except BaseException as exc:
         return f"<repr failed: {_class_name(type(exc))}>"
 
@@ -2134,7 +2136,7 @@ def _plain(text: str) -> str:
     return text if type(text) is str else str.__str__(text)
 
 
-def _error_record(exc: BaseException) -> dict[str, Any]:
+def _error_record(exc: BaseException, cap: int) -> dict[str, Any]:
     """A cell's error as Jupyter's ``error`` output has it. Never raises: what it reads of
     the code's exception through Python (its formatting, its text) is guarded, the rest
     is read from C slots (``_code_traceback``, ``_class_name``)."""
@@ -2144,10 +2146,11 @@ def _error_record(exc: BaseException) -> dict[str, Any]:
     except BaseException:
         lines = []
     try:
-        evalue = _plain(str(exc))[: 1 << 12]
+        evalue = wire.cut_tail(_plain(str(exc)), cap)
     except BaseException:
         evalue = ""
-    return {"ename": _class_name(type(exc)), "evalue": evalue, "traceback": lines[-50:]}
+    name = _class_name(type(exc))[:200]
+    return {"ename": name, "evalue": evalue, "traceback": wire.traceback_tail(lines, cap)}
 
 
 _TRACEBACK_SLOT = BaseException.__dict__["__traceback__"]
