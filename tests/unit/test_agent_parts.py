@@ -563,3 +563,43 @@ def test_a_cell_s_end_always_fits_the_events_pipe(text: str, repeat: int, lines:
         assert sent == event
     else:
         assert sent["error"][0]["traceback"][0].endswith(" characters cut]")
+
+
+CELL_CUT_SHORT_AT_ITS_END = """
+import os, signal, sys
+from retool_exec.backends.docker.agent import zygote
+os.dup2(os.open(sys.argv[1], os.O_WRONLY), 3)  # the events pipe: where the cell's end goes
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+def interrupted_as_it_began(cls):
+    raise KeyboardInterrupt  # as the cell's interrupt raises at its first instruction
+zygote.Interrupts.between_cells = classmethod(interrupted_as_it_began)
+zygote._one_cell("x = 1", {}, 0, "token", zygote.CodeHooks(), caps=(100, 100))
+os._exit(0 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN else 3)
+"""
+
+
+def test_a_cell_interrupted_at_its_end_leaves_sigint_ignored_for_the_next(
+    tmp_path: Path,
+) -> None:
+    """``signal.signal`` handles a pending signal before it replaces the handler: a cell
+    interrupted right at its end raised from ``between_cells`` with SIGINT still armed,
+    and the next cell's interrupt, landing in the session's loop before that cell began,
+    ended the session (status 70; once in a contract run under gVisor). The cell's end
+    is sent with SIGINT ignored, the interrupt its error. Its own process: it sets
+    SIGINT, and its stdout and stderr become /dev/null."""
+    import subprocess
+    import sys
+
+    events = tmp_path / "events"
+    events.touch()
+    done = subprocess.run(
+        [sys.executable, "-c", CELL_CUT_SHORT_AT_ITS_END, str(events)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert b'"ename":"KeyboardInterrupt"' in events.read_bytes()  # the cell's error

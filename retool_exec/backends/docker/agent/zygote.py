@@ -2048,6 +2048,18 @@ class Interrupts:
         cls.handler = _signal.signal(SIGINT_NUMBER, _signal.SIG_IGN)
 
     @classmethod
+    def settle(cls) -> None:
+        """SIGINT ignored before a cell's end is sent, whatever cut ``between_cells``
+        short: a pending signal is handled as ``signal.signal`` starts (or as that
+        method does), before SIGINT is replaced, so the cell's interrupt at its very end
+        left SIGINT armed, and the next cell's, landing in this loop's own code before
+        that cell began, ended the session (status 70; the thirty-sixth session). A cell
+        gets one interrupt: by now that one was taken."""
+        handler = _signal.signal(SIGINT_NUMBER, _signal.SIG_IGN)
+        if handler is not _signal.SIG_IGN:  # (the cell's, not kept by ``between_cells``)
+            cls.handler = handler
+
+    @classmethod
     def in_cell(cls) -> None:
         _signal.signal(SIGINT_NUMBER, cls.handler)
 
@@ -2087,6 +2099,10 @@ def _one_cell(
         error.append(_error_record(exc, caps[1]))
         if print_error:
             _print_exception(exc, hooks)
+    try:
+        Interrupts.settle()
+    except BaseException:  # the cell's interrupt, taken as ``settle`` began: now it is
+        Interrupts.settle()
     _flush_quietly()  # (python3 fidelity is the call's end's: a cell's end is IPython's)
     # This cell's pipes end here; stray writers (threads, children) hit ``after`` or
     # /dev/null, never a descriptor number reused by something else.
