@@ -62,6 +62,7 @@ from retool_exec._errors import (
 )
 from retool_exec._models import ExecResult, Outcome
 from retool_exec._session import Session
+from retool_exec.server.admission import ClientGone
 from retool_exec.server.files import RequestRejected
 from retool_exec.server.jupyter import display_entry, error_entry
 from retool_exec.server.results import outcome_message, run_status
@@ -85,6 +86,8 @@ MAX_ENDED = 4096
 """Ended sessions remembered (to answer 410/404 with the reason) at most; oldest forgotten."""
 ENDED_RETENTION = 3600.0
 """Seconds an ended session is remembered (then its id is simply unknown: 404)."""
+LOOK_AGAIN = 0.01
+"""Seconds between the two looks at a client that may have left (``_left``)."""
 _RETRY = {"Retry-After": "1"}
 
 
@@ -149,7 +152,7 @@ class SessionService:
                     )
                 except SessionLostError as exc:
                     raise _unavailable(f"the session could not start: {exc}") from exc
-            return self._add(client, session)
+            return await self._hand_over(client, session, gone)
 
     async def run(
         self,
@@ -195,7 +198,7 @@ class SessionService:
                         await self._end(entry)
                         raise self._gone(entry) from exc
                     raise _unavailable(f"the fork failed: {exc}") from exc
-            return self._add(client, child)
+            return await self._hand_over(client, child, gone)
 
     async def delete(self, session_id: str, *, client: str) -> None:
         """``DELETE /sessions/{id}``: close it (any id this client holds, ended or not)."""
@@ -335,6 +338,17 @@ class SessionService:
         with self._held(client):
             await _close(session)
 
+    async def _hand_over(
+        self, client: str, session: Session, gone: Disconnected | None
+    ) -> SessionCreated:
+        """``session`` under a new id, unless its client left while it was made: nobody
+        could name it, and it held a container and the client's cap until its idle time
+        ran out (red team, the thirty-sixth round)."""
+        if gone is not None and await _left(gone):
+            await self._to_the_end(_close(session))
+            raise ClientGone("the client disconnected while its session was made")
+        return self._add(client, session)
+
     def _add(self, client: str, session: Session) -> SessionCreated:
         session_id = secrets.token_urlsafe(ID_BYTES)
         while session_id in self._entries:  # pragma: no cover - 192 random bits
@@ -432,6 +446,16 @@ def _not_found(detail: str = "") -> RequestRejected:
 
 def _unavailable(detail: str) -> RequestRejected:
     return RequestRejected(detail, status=503, headers=dict(_RETRY))
+
+
+async def _left(gone: Disconnected) -> bool:
+    """Whether the client has gone, asked twice: uvicorn stops reading a connection once
+    its request is in, so the first question only lets it read on (and see an end that
+    came meanwhile), and the second, ``LOOK_AGAIN`` later, sees that end."""
+    if await gone():
+        return True
+    await asyncio.sleep(LOOK_AGAIN)
+    return await gone()
 
 
 async def _close(session: Session) -> None:

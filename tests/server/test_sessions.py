@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ from pydantic import SecretStr
 from retool_exec import ExecResult, FakeBackend, RunRequest, Sandbox
 from retool_exec._models import CellResult
 from retool_exec.backends.base import Backend
-from retool_exec.backends.fake import FakeCell
+from retool_exec.backends.fake import FakeCell, FakeSession
 from retool_exec.server import OUTCOME_HEADER, ServerSettings, create_app
 from retool_exec.server.access_log import SessionIdRedaction
 from retool_exec.server.sessions import ID_BYTES, client_key
@@ -572,3 +573,43 @@ def test_a_session_that_expires_while_its_cell_waits_is_404() -> None:
         assert late.status_code == 404
         assert "idle for more than 1 s" in late.json()["detail"]
         assert http.get(f"{base}/v1/metrics").json()["server/sessions_expired"] == 1.0
+
+
+def _post_and_leave(base: str, path: str) -> None:
+    """A client that sends ``POST path`` and closes its connection before the answer."""
+    host, port = base.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as raw:
+        raw.sendall(f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\n\r\n".encode())
+        time.sleep(0.05)
+
+
+def test_a_session_whose_client_left_while_it_opened_is_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past the admission queue, a session was added under an id nobody got: it held its
+    container and the client's cap until its idle time ran out (red team, the
+    thirty-sixth round). Now it is closed once made, and so is such a fork."""
+    opened, forked = FakeBackend.open_session, FakeSession.fork
+
+    async def slow_open(self: FakeBackend, *, memory_mb: int | None = None) -> FakeSession:
+        await asyncio.sleep(0.5)
+        return await opened(self, memory_mb=memory_mb)
+
+    async def slow_fork(self: FakeSession) -> FakeSession:
+        await asyncio.sleep(0.5)
+        return await forked(self)
+
+    with fake_server() as (base, sandbox), httpx.Client(timeout=30) as http:
+        kept = open_session(base, http)
+        monkeypatch.setattr(FakeBackend, "open_session", slow_open)
+        monkeypatch.setattr(FakeSession, "fork", slow_fork)
+        for _ in range(3):
+            _post_and_leave(base, "/sessions")
+        _post_and_leave(base, f"/sessions/{kept}/fork")
+        deadline = time.monotonic() + 10
+        while sandbox.open_sessions > 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.7)  # (one still being made would be counted by now)
+        assert sandbox.open_sessions == 1
+        assert http.get(f"{base}/v1/metrics").json()["server/sessions"] == 1.0
+        assert run(base, http, kept, "show")["run_result"]["status"] == "Finished"
