@@ -38,8 +38,8 @@ from typing import Any, Self
 
 from pydantic import BaseModel, Field
 
-from retool_exec._errors import SessionLostError
-from retool_exec._models import ExecResult
+from retool_exec._errors import SessionLimitError, SessionLostError
+from retool_exec._models import ExecResult, Outcome
 from retool_exec._sandbox import Sandbox
 from retool_exec._session import Session
 from retool_exec.backends.registry import backend_config
@@ -321,9 +321,14 @@ class SessionCodeTool:
     session is kept per ``request_id``, so turn 3 sees what turn 1 defined, and
     it is closed by ``release_trajectory(request_id)``, ``aclose()``, or when it
     has been idle for ``session_ttl`` seconds (verl has no end-of-trajectory
-    hook). A framework that creates one instance per trajectory and releases it
-    at the end (verl's older SGLang rollout) gets a session per instance, closed
-    by ``release``.
+    hook); at ``max_sessions`` the least recently used idle one is closed to
+    make room (that trajectory's next call says its state is gone), and a call
+    for which none is free is refused as ``sandbox_error``. A framework that
+    creates one instance per trajectory and releases it at the end (verl's
+    older SGLang rollout) gets a session per instance, closed by ``release``.
+    verl's agent loop passes ``agent_data`` since 2025-12-09 (its PR 4469):
+    with an older one every call gets a new interpreter, and the tool logs a
+    warning once.
 
     The observation is ``Session.format_tool_content`` (the seed's, plus a final
     expression's value); an interpreter that ended says so, and the next call
@@ -365,6 +370,12 @@ class SessionCodeTool:
         """Calls of each trajectory in ``_session`` now: its lock is dropped when the last
         leaves without a session (an open that failed or was cancelled left one per
         trajectory, without bound: the twenty-eighth red-team round)."""
+        self._told_no_trajectory = False
+        self._in_use: collections.Counter[str] = collections.Counter()
+        """Calls of each trajectory in ``execute`` now: a session in use is never evicted."""
+        self._used: dict[str, float] = {}
+        """When each trajectory's session was last used: the least recent idle one makes
+        room at ``max_sessions`` (``_open``)."""
 
     def get_openai_tool_schema(self) -> Any:
         """The tool's OpenAI function schema (the config's, else ``DEFAULT_TOOL_SCHEMA``)."""
@@ -408,6 +419,13 @@ class SessionCodeTool:
         """
         request_id = getattr(kwargs.get("agent_data"), "request_id", None)
         key = f"request:{request_id}" if request_id else f"instance:{instance_id}"
+        if not request_id and not self._told_no_trajectory:
+            self._told_no_trajectory = True
+            log.warning(
+                "SessionCodeTool: a call came without agent_data.request_id, so its session "
+                "lasts only until its instance is released; verl passes agent_data since "
+                "its agent loop of 2025-12-09 (before, every call started a new interpreter)"
+            )
         self._instances[instance_id] = key
         if not isinstance(parameters, Mapping):  # the model's arguments were not an object
             text = 'Error: the arguments must be an object with a "code" string.'
@@ -416,8 +434,34 @@ class SessionCodeTool:
         code = parameters.get("code", "")
         if not isinstance(code, str):
             code = str(code)
-        session, ended = await self._session(key)
+        self._in_use[key] += 1
+        try:
+            return await self._execute(key, code)
+        finally:
+            self._in_use[key] -= 1
+            if self._in_use[key] <= 0:
+                del self._in_use[key]
+            self._note_use(key)
+
+    def _note_use(self, key: str) -> None:
+        """When ``key``'s session was last used; nothing for a trajectory without one
+        (this table must not grow with every trajectory ever seen)."""
+        for gone in [other for other in self._used if other not in self._sessions]:
+            del self._used[gone]
+        if key in self._sessions:
+            self._used[key] = time.monotonic()
+
+    async def _execute(self, key: str, code: str) -> tuple[Any, float | None, dict[str, Any]]:
         started = time.perf_counter()
+        try:
+            session, ended = await self._session(key)
+        except SessionLimitError as exc:
+            # Every session is in use by a trajectory in flight: the sandbox's failure to
+            # serve this call, never the code's (it did not run), and said so to the trainer.
+            text = f"Error: the code did not run: no interpreter is free ({exc})"
+            latency = time.perf_counter() - started
+            refused = {"outcome": Outcome.SANDBOX_ERROR.value, "latency": latency}
+            return _tool_response(text), None, {**refused, "session_lost": False}
         try:
             result = await session.arun_code(code, timeout=self.timeout)
         except SessionLostError as exc:
@@ -480,7 +524,7 @@ class SessionCodeTool:
                     if session is not None:
                         await session.aclose()
                     try:
-                        session = await self.sandbox.aopen_session(memory_mb=self.memory_mb)
+                        session = await self._open(key)
                     except BaseException:
                         if ended is not None and key not in self._sessions:
                             self._ended[key] = ended  # still for the next call to say
@@ -493,6 +537,31 @@ class SessionCodeTool:
                 self._waiting[key] = left
             elif key not in self._sessions and self._opening.get(key) is lock:
                 del self._opening[key]
+
+    async def _open(self, key: str) -> Session:
+        """A new session for ``key``. At the sandbox's ``max_sessions`` this tool's least
+        recently used idle session is closed to make room, and its trajectory's next call
+        says so: verl never says a trajectory is over, so the sessions of the batches
+        before held the cap until their idle time ran out, and the next batch's calls
+        were refused (red team, the thirty-sixth round)."""
+        while True:
+            try:
+                return await self.sandbox.aopen_session(memory_mb=self.memory_mb)
+            except SessionLimitError as exc:
+                idle = [
+                    other
+                    for other in self._sessions
+                    if other != key and not self._in_use[other] and not self._waiting.get(other)
+                ]
+                if not idle:
+                    raise
+                oldest = min(idle, key=lambda other: self._used.get(other, 0.0))
+                session = self._sessions.pop(oldest)
+                self._opening.pop(oldest, None)
+                self._ended[oldest] = f"closed for a newer trajectory's: {exc}"
+                while len(self._ended) > ENDED_KEPT:
+                    self._ended.popitem(last=False)
+                await session.aclose()
 
     async def _drop(self, key: str, session: Session) -> None:
         """Forget and close the trajectory's session that ended during a call; its lock too,

@@ -209,6 +209,82 @@ def test_a_lost_session_is_said_and_the_next_call_starts_anew(sandbox: Sandbox) 
     assert fresh == "b\n"
 
 
+async def slow_history(cell: FakeCell) -> ExecResult | str:
+    """``history``, after a pause for a cell that says ``slow``."""
+    if cell.code == "slow":
+        await asyncio.sleep(0.5)
+    return history(cell)
+
+
+def test_finished_trajectories_make_room_for_the_next_batch() -> None:
+    """verl never says a trajectory is over: the sessions of one batch held
+    ``max_sessions`` until their idle time ran out, and the next batch's correct code
+    got an exception for its observation (red team, the thirty-sixth round). The least
+    recently used idle session makes room; its trajectory's next call says so."""
+    with Sandbox(FakeBackend(session_handler=history), max_sessions=2) as box:
+        tool = SessionCodeTool({}, sandbox=box)
+
+        async def batches() -> list[str]:
+            first = [await call_tool(tool, "a", AgentData(f"old-{n}")) for n in range(2)]
+            second = [await call_tool(tool, "b", AgentData(f"new-{n}")) for n in range(2)]
+            again = await call_tool(tool, "c", AgentData("old-0"))
+            await tool.aclose()
+            return [*first, *second, again]
+
+        *answers, again = asyncio.run(batches())
+        assert answers == ["a\n", "a\n", "b\n", "b\n"]
+        assert again.startswith("c\n"), again  # a new interpreter, and it says so
+        assert "[the interpreter of the earlier calls had ended (closed for a newer" in again
+        assert box.open_sessions == 0
+
+
+def test_a_call_with_no_session_free_is_the_sandboxs_error_not_an_exception() -> None:
+    with Sandbox(FakeBackend(session_handler=slow_history), max_sessions=1) as box:
+        tool = SessionCodeTool({}, sandbox=box)
+
+        async def at_once() -> list[tuple[str, dict[str, Any]]]:
+            async def one(request_id: str, code: str) -> tuple[str, dict[str, Any]]:
+                instance_id, _ = await tool.create()
+                response, _, metrics = await tool.execute(
+                    instance_id, {"code": code}, agent_data=AgentData(request_id)
+                )
+                await tool.release(instance_id)
+                return response.text, metrics
+
+            busy = asyncio.ensure_future(one("busy", "slow"))
+            await asyncio.sleep(0.1)  # its session is open and in use
+            refused = await one("late", "a")
+            answered = await busy
+            await tool.aclose()
+            return [answered, refused]
+
+        (answered, _), (refused, metrics) = asyncio.run(at_once())
+        assert answered == "slow\n"
+        assert refused.startswith("Error: the code did not run: no interpreter is free")
+        assert metrics["outcome"] == "sandbox_error"
+
+
+def test_a_call_without_agent_data_is_warned_about_once(
+    sandbox: Sandbox, caplog: pytest.LogCaptureFixture
+) -> None:
+    """verl's agent loop before 2025-12-09 passed no ``agent_data``: every call got a new
+    interpreter, and nothing said so (red team, the thirty-sixth round)."""
+    tool = SessionCodeTool({}, sandbox=sandbox)
+
+    async def old_verl() -> list[str]:
+        texts = []
+        for code in "ab":
+            instance_id, _ = await tool.create(create_kwargs={})
+            texts.append((await tool.execute(instance_id, {"code": code}))[0].text)
+            await tool.release(instance_id)
+        return texts
+
+    with caplog.at_level(logging.WARNING, logger="retool_exec"):
+        assert asyncio.run(old_verl()) == ["a\n", "b\n"]
+    warnings = [r.getMessage() for r in caplog.records if "agent_data" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+
+
 def test_the_default_schema_is_verls_shape(sandbox: Sandbox) -> None:
     tool = SessionCodeTool({}, sandbox=sandbox)
     assert tool.name == "code_interpreter"
@@ -364,18 +440,18 @@ def test_arguments_that_are_not_an_object_get_an_observation(sandbox: Sandbox) -
 
 def test_trajectories_that_could_not_open_a_session_are_not_kept() -> None:
     """With ``max_sessions`` taken, every new trajectory's failed open left a lock behind,
-    without bound (the twenty-eighth red-team round)."""
-    from retool_exec import SessionLimitError
-
+    without bound (the twenty-eighth red-team round). (The slot is held by a session of
+    the sandbox's own user: the tool makes room only among its idle sessions.)"""
     with Sandbox(FakeBackend(session_handler=history), max_sessions=1) as box:
         tool = SessionCodeTool({}, sandbox=box)
 
         async def rollouts() -> int:
-            await call_tool(tool, "a", AgentData("holder"))
+            holder = await box.aopen_session()
             for number in range(200):
-                with pytest.raises(SessionLimitError):
-                    await call_tool(tool, "x", AgentData(f"r{number}"))
-            kept = len(tool._opening) + len(tool._waiting)
+                text = await call_tool(tool, "x", AgentData(f"r{number}"))
+                assert text.startswith("Error: the code did not run: no interpreter is free")
+            kept = len(tool._opening) + len(tool._waiting) + len(tool._used)
+            await holder.aclose()
             await tool.aclose()
             return kept
 
@@ -455,8 +531,6 @@ def test_a_call_cancelled_while_its_session_opens_leaves_none_open() -> None:
 
 def test_a_failed_open_keeps_the_note_for_the_next_call() -> None:
     """Why the earlier interpreter ended was taken before the open, and lost with it."""
-    from retool_exec import SessionLimitError
-
     with Sandbox(FakeBackend(session_handler=history), max_sessions=1, session_ttl=0.2) as box:
         tool = SessionCodeTool({}, sandbox=box)
 
@@ -465,10 +539,10 @@ def test_a_failed_open_keeps_the_note_for_the_next_call() -> None:
             deadline = time.monotonic() + 10
             while box.open_sessions and time.monotonic() < deadline:  # noqa: ASYNC110
                 await asyncio.sleep(0.05)  # r's session idles out
-            await call_tool(tool, "x", AgentData("holder"))  # takes the one slot
-            with pytest.raises(SessionLimitError):
-                await call_tool(tool, "b", AgentData("r"))
-            await tool.release_trajectory("holder")
+            holder = await box.aopen_session()  # takes the one slot (not the tool's)
+            refused = await call_tool(tool, "b", AgentData("r"))
+            assert refused.startswith("Error: the code did not run"), refused
+            await holder.aclose()
             text = await call_tool(tool, "b", AgentData("r"))
             await tool.aclose()
             return text
