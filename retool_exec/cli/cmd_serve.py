@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import SecretStr, ValidationError
 
 from retool_exec._errors import BackendUnavailableError, ConfigError
+from retool_exec._sandbox import DEFAULT_MAX_SESSIONS
 from retool_exec.backends.config import BackendConfigBase, LocalConfig, RayConfig
 from retool_exec.backends.registry import backend_spec
 from retool_exec.cli._common import (
@@ -28,12 +29,32 @@ from retool_exec.cli._common import (
     build_configs,
     sigterm_stops_quietly,
 )
+from retool_exec.server.descriptors import (
+    DEFAULT_MAX_CONNECTIONS,
+    ListeningSocket,
+    descriptor_reserve,
+    fit_max_connections,
+    open_descriptors,
+    raise_descriptor_limit,
+)
 from retool_exec.server.guards import is_loopback
 from retool_exec.server.settings import ServerSettings
 
-__all__ = ["TOKEN_ENV", "bind_socket", "build_config", "is_loopback", "register"]
+__all__ = [
+    "SHUTDOWN_GRACE",
+    "TOKEN_ENV",
+    "bind_socket",
+    "build_config",
+    "is_loopback",
+    "max_connections",
+    "register",
+]
 
 TOKEN_ENV = "RETOOL_EXEC_TOKEN"  # noqa: S105 - the variable's name, not a secret
+
+SHUTDOWN_GRACE = 10
+"""Seconds running calls have to finish once the server is told to stop (SIGTERM,
+Ctrl-C); queued and new requests are answered 504 at once (``server/shutdown.py``)."""
 
 _EPILOG = """\
 Point a SandboxFusion client at it, e.g. verl's tool config:
@@ -68,6 +89,15 @@ sticky routing).
 
 The backend starts before the server listens: a backend that cannot start,
 or an address that cannot be bound, stops the command with one line.
+
+On SIGTERM or Ctrl-C it stops listening, answers queued requests 504 at once
+(verl retries a 504), gives running calls {grace} s to finish, then answers
+those still running 504 too, and closes the sandbox.
+
+Open connections are bounded (--max-connections, default {max_connections}); the
+server raises its soft RLIMIT_NOFILE to the hard limit and keeps descriptors for
+the backend. A given bound that does not fit is refused at startup; the default
+is lowered to fit, with a warning.
 {exit_status}
 """
 
@@ -83,6 +113,8 @@ def register(subparsers: Any) -> None:
             backends=backend_list(),
             settings=SETTINGS_HELP,
             exit_status=EXIT_STATUS_HELP,
+            grace=SHUTDOWN_GRACE,
+            max_connections=DEFAULT_MAX_CONNECTIONS,
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -105,6 +137,14 @@ def register(subparsers: Any) -> None:
         default=30.0,
         metavar="S",
         help="seconds a request may wait for a slot before a 504 (30)",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"connections open at once, else 504 ({DEFAULT_MAX_CONNECTIONS}, lowered to fit "
+        "the file-descriptor limit; a given N that does not fit is an error)",
     )
     parser.add_argument("--token", default=None, help=f"bearer token (or ${TOKEN_ENV})")
     parser.add_argument("--root-path", default="", metavar="P", help="also serve under P")
@@ -192,6 +232,25 @@ def build_config(args: argparse.Namespace) -> BackendConfigBase:
     return build_configs([args.backend], args, defaults=defaults, flags=flags)[args.backend]
 
 
+def max_connections(args: argparse.Namespace) -> int:
+    """The connection bound to serve with, within the process's file-descriptor limit.
+
+    Raises the soft ``RLIMIT_NOFILE`` to the hard one first; then a ``--max-connections``
+    that does not fit beside the backend's reserve is a ``ConfigError`` (one line at
+    startup), and the default is lowered to fit, with one warning (``descriptors.py``).
+    """
+    if args.max_connections is not None and args.max_connections < 1:
+        raise UsageError(f"--max-connections must be at least 1, got {args.max_connections}")
+    soft, _ = raise_descriptor_limit()
+    reserve = descriptor_reserve(
+        run_slots=_workers(args), sessions=DEFAULT_MAX_SESSIONS, open_now=open_descriptors()
+    )
+    bound, warning = fit_max_connections(args.max_connections, limit=soft, reserve=reserve)
+    if warning is not None:
+        print(f"retool-exec serve: warning: {warning}", file=sys.stderr)
+    return bound
+
+
 def bind_socket(host: str, port: int) -> socket.socket:
     """A listening-ready socket bound to ``host:port`` (one-line errors, before any start)."""
     if not 0 <= port <= 65535:
@@ -201,7 +260,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
     except socket.gaierror as exc:
         raise UsageError(f"--host {host!r}: {exc.strerror or exc}") from exc
     family, kind, proto, _, address = infos[0]
-    sock = socket.socket(family, kind, proto)
+    sock = ListeningSocket(family, kind, proto)  # a bounded burst of accepts (descriptors.py)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if family == socket.AF_INET6:
@@ -244,6 +303,7 @@ def _handle(args: argparse.Namespace) -> int:
             f"anyone who can reach it can run code (set --token or ${TOKEN_ENV})",
             file=sys.stderr,
         )
+    connections = max_connections(args)
     try:
         settings = ServerSettings(
             max_concurrency=_workers(args),
@@ -255,6 +315,7 @@ def _handle(args: argparse.Namespace) -> int:
             max_run_timeout=args.max_run_timeout,
             max_memory_mb=args.max_memory_mb,
             max_body_bytes=args.max_body_bytes,
+            max_connections=connections,
         )
     except ValidationError as exc:
         raise ConfigError(f"server settings: {exc}") from exc
@@ -281,7 +342,7 @@ def _handle(args: argparse.Namespace) -> int:
                         log_level=args.log_level,
                         lifespan="on",
                         server_header=False,
-                        timeout_graceful_shutdown=10,
+                        timeout_graceful_shutdown=SHUTDOWN_GRACE,
                     )
                 )
                 server.run(sockets=[sock])

@@ -12,6 +12,11 @@ A request whose client disconnected while it waited leaves the queue without
 running (``ClientGone``): the queue is polled for that every
 ``DISCONNECT_POLL`` seconds.
 
+Once the server begins to shut down (``close``), every request still waiting
+is refused at once, and so is every new one (``ShuttingDown``, also a 504):
+none of them ran, so a retry is safe, and none waits out the shutdown's grace
+period only to be cancelled (``shutdown.py``).
+
 Lives on the server's event loop; the counters are touched only between
 ``await`` points, so they need no lock.
 """
@@ -20,9 +25,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from asyncio import FIRST_COMPLETED
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
-__all__ = ["DISCONNECT_POLL", "Admission", "ClientGone", "Overloaded"]
+__all__ = [
+    "DISCONNECT_POLL",
+    "SHUTTING_DOWN",
+    "Admission",
+    "ClientGone",
+    "Overloaded",
+    "ShuttingDown",
+]
 
 DISCONNECT_POLL = 0.25
 """Seconds between checks, while a request waits, that its client is still there."""
@@ -30,6 +44,17 @@ DISCONNECT_POLL = 0.25
 
 class Overloaded(Exception):
     """The server is full; the client should retry later (HTTP 504)."""
+
+
+class ShuttingDown(Overloaded):
+    """The server is shutting down; the request did not run (HTTP 504: retry, elsewhere
+    or once the server is back)."""
+
+
+SHUTTING_DOWN = (
+    "the server is shutting down: the request did not run; retry (another server, or "
+    "this one once it is back)"
+)
 
 
 class ClientGone(Exception):
@@ -58,6 +83,10 @@ class Admission:
         """Requests answered 504 so far."""
         self.abandoned = 0
         """Requests dropped from the queue because their client disconnected."""
+        self.closing = False
+        """Set by ``close``: the server is shutting down and admits nothing more."""
+        self._closed: asyncio.Future[None] | None = None
+        """Resolved by ``close``; what waiting requests watch besides their slot."""
 
     @property
     def waiting(self) -> int:
@@ -76,8 +105,11 @@ class Admission:
         ``wait`` is the most seconds to wait for one (default, and never more
         than, ``queue_timeout``); ``gone`` tells whether the client has
         disconnected. Raises ``Overloaded`` when the queue is full or the wait
-        is over, ``ClientGone`` when the client left first.
+        is over, ``ShuttingDown`` once ``close`` was called (before or during the
+        wait), ``ClientGone`` when the client left first.
         """
+        if self.closing:
+            raise self._shutting_down()
         if self.admitted >= self.max_concurrency + self.max_queue:
             raise self.refuse(
                 f"the server is at capacity ({self.max_concurrency} running, "
@@ -113,6 +145,7 @@ class Admission:
             )
         loop = asyncio.get_running_loop()
         deadline = None if limit is None else loop.time() + limit
+        closed = self._closed_future(loop)
         acquire = asyncio.ensure_future(self._slots.acquire())
         try:
             while True:
@@ -120,7 +153,10 @@ class Admission:
                 step = remaining if gone is None else DISCONNECT_POLL
                 if remaining is not None and step is not None:
                     step = max(0.0, min(step, remaining))
-                await asyncio.wait({acquire}, timeout=step)
+                watched: set[asyncio.Future[Any]] = {acquire, closed}
+                await asyncio.wait(watched, timeout=step, return_when=FIRST_COMPLETED)
+                if closed.done():
+                    raise self._shutting_down()
                 if acquire.done():
                     acquire.result()
                     return
@@ -143,6 +179,30 @@ class Admission:
         """The 504 for a request the server could not serve in time, counted."""
         self.refused += 1
         return Overloaded(reason)
+
+    def close(self) -> None:
+        """Admit nothing more: every request waiting for a slot, and every later one,
+        gets ``ShuttingDown`` at once. Requests holding a slot run on. Idempotent."""
+        self.closing = True
+        if self._closed is not None and not self._closed.done():
+            self._closed.set_result(None)
+
+    def reopen(self) -> None:
+        """Admit requests again (an app served anew after a shutdown)."""
+        self.closing = False
+        self._closed = None
+
+    def _closed_future(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
+        """The future ``close`` resolves, made on the loop the requests wait on."""
+        if self._closed is None or self._closed.get_loop() is not loop:
+            self._closed = loop.create_future()
+            if self.closing:
+                self._closed.set_result(None)
+        return self._closed
+
+    def _shutting_down(self) -> ShuttingDown:
+        self.refused += 1
+        return ShuttingDown(SHUTTING_DOWN)
 
     def metrics(self) -> dict[str, float]:
         """Gauges and counters for ``/v1/metrics``."""

@@ -15,8 +15,9 @@ as well as ``/run_code``). HTTP statuses: 200 for every outcome of the code,
 including the sandbox failing (``"status": "SandboxError"``); 400/413/422
 for a request that cannot be served as given (the message says why); 401
 without the token; 404 for an unknown path (one that names an endpoint twice,
-``/run_code/run_code``, says so); 504 only when the server is full (clients
-retry on it).
+``/run_code/run_code``, says so); 504 only when the server cannot serve the
+request now and the request is not at fault (clients retry on it): it is full,
+or it is shutting down (``shutdown.py``).
 The session endpoints add 201/204 and their own 403/404/409/410/429/501/503
 (see ``sessions.py``).
 
@@ -45,7 +46,8 @@ from retool_exec.backends.base import Backend
 from retool_exec.backends.config import BackendConfigBase
 from retool_exec.backends.registry import backend_config
 from retool_exec.server.access_log import redact_session_ids
-from retool_exec.server.admission import ClientGone, Overloaded
+from retool_exec.server.admission import ClientGone, Overloaded, ShuttingDown
+from retool_exec.server.descriptors import quiet_accept_errors
 from retool_exec.server.files import RequestRejected
 from retool_exec.server.guards import (
     BodyLimitMiddleware,
@@ -67,6 +69,7 @@ from retool_exec.server.schemas import (
 from retool_exec.server.service import SandboxService
 from retool_exec.server.sessions import client_key
 from retool_exec.server.settings import ServerSettings
+from retool_exec.server.shutdown import ShutdownMiddleware
 
 __all__ = ["OUTCOME_HEADER", "create_app"]
 
@@ -107,11 +110,12 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        await service.start()
-        try:
-            yield
-        finally:
-            await service.close()
+        with quiet_accept_errors():  # running out of descriptors: a line, not a flood
+            await service.start()
+            try:
+                yield
+            finally:
+                await service.close()
 
     app = FastAPI(
         title="retool_exec sandbox server",
@@ -128,6 +132,8 @@ def create_app(
     _add_error_handlers(app, {route.path for route in routes if "{" not in route.path})
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(BrowserGuardMiddleware, check_host=settings.loopback_only)
+    # Inside the token check (a request without the token is a 401 still), around all else.
+    app.add_middleware(ShutdownMiddleware, stopping=lambda: service.stopping)
     if settings.token is not None:
         open_paths = {"/v1/ping", f"{settings.prefix}/v1/ping"}
         app.add_middleware(
@@ -299,7 +305,10 @@ def _add_error_handlers(app: FastAPI, endpoints: Collection[str]) -> None:
 
     @app.exception_handler(Overloaded)
     async def overloaded(_request: Request, exc: Exception) -> Response:
-        return JSONResponse({"detail": str(exc)}, status_code=504, headers={"Retry-After": "1"})
+        headers = {"Retry-After": "1"}
+        if isinstance(exc, ShuttingDown):
+            headers["Connection"] = "close"
+        return JSONResponse({"detail": str(exc)}, status_code=504, headers=headers)
 
     @app.exception_handler(ClientGone)
     async def client_gone(_request: Request, exc: Exception) -> Response:

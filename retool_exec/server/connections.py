@@ -26,7 +26,12 @@ as long as it likes, before any token check could refuse it.
   long as it liked, past every other timeout (twentieth red-team round).
 - **connection bound**: past ``max_connections`` open connections, a new one
   gets ``504`` (the status SandboxFusion clients retry on) and is closed at
-  once.
+  once (logged at most once every ``ACCEPT_LOG_INTERVAL`` seconds: a client that
+  reconnects as fast as it can must not write the log as fast).
+- **shutdown**: uvicorn's graceful shutdown calls ``shutdown`` on every open
+  connection first; that tells the app's service (``begin_shutdown``) at once, so
+  queued requests are answered then, not cancelled ten seconds later
+  (``shutdown.py``).
 
 ``uvicorn_config`` builds a ``uvicorn.Config`` for an app from ``create_app``
 with this protocol and the app's settings; ``retool-exec serve`` uses it. It
@@ -44,29 +49,41 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import json
 import logging
 import sys
 import termios
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from retool_exec.server.access_log import redact_session_ids
+from retool_exec.server.descriptors import Throttled
 from retool_exec.server.settings import ServerSettings
 
-__all__ = ["GuardedH11Protocol", "guarded_protocol", "uvicorn_config"]
+__all__ = ["GuardedH11Protocol", "Stoppable", "guarded_protocol", "uvicorn_config"]
 
 log = logging.getLogger("retool_exec.server")
 
+_refusals = Throttled(log)
 
-def _raw_answer(status: bytes, text: str, *extra: bytes) -> bytes:
-    """A whole HTTP/1.1 answer that closes the connection, written before h11 saw a request."""
-    body = text.encode("ascii")
+
+class Stoppable(Protocol):
+    """What is told that the server has begun to shut down (a ``SandboxService``)."""
+
+    def begin_shutdown(self) -> None: ...
+
+
+def _raw_answer(status: bytes, detail: str, *extra: bytes) -> bytes:
+    """A whole HTTP/1.1 answer that closes the connection, written before h11 saw a
+    request: the app's error shape (``{"detail": ...}``), so a client that reads every
+    error as JSON reads these too."""
+    body = json.dumps({"detail": detail}).encode("ascii")
     head = [
         b"HTTP/1.1 " + status,
-        b"content-type: text/plain; charset=utf-8",
+        b"content-type: application/json",
         *extra,
         b"connection: close",
         b"content-length: " + str(len(body)).encode("ascii"),
@@ -92,6 +109,8 @@ class GuardedH11Protocol(H11Protocol):
     """Seconds an answer held back by the client may go without its buffer shrinking."""
     max_connections: ClassVar[int | None] = 1024
     """Most connections open at once (None: no bound)."""
+    stoppable: ClassVar[Stoppable | None] = None
+    """Told once uvicorn begins to shut down (the app's service), if any."""
 
     _header_timer: asyncio.TimerHandle | None = None
     _body_timer: asyncio.TimerHandle | None = None
@@ -102,7 +121,7 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_made(transport)
         limit = self.max_connections
         if limit is not None and len(self.connections) > limit:
-            log.warning("refused a connection: %d are open (max_connections)", limit)
+            _refusals.warning("refused a connection: %d are open (max_connections)", limit)
             self.transport.write(_TOO_MANY)
             self.transport.close()
             return
@@ -137,6 +156,13 @@ class GuardedH11Protocol(H11Protocol):
             and self.conn.trailing_data[0]
         ):
             self._arm()
+
+    def shutdown(self) -> None:
+        """uvicorn begins its graceful shutdown: the app hears of it first (queued and
+        new requests are refused at once), then the connection closes when idle."""
+        if self.stoppable is not None:
+            self.stoppable.begin_shutdown()
+        super().shutdown()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -240,8 +266,11 @@ class GuardedH11Protocol(H11Protocol):
         self.transport.close()
 
 
-def guarded_protocol(settings: ServerSettings) -> type[GuardedH11Protocol]:
-    """``GuardedH11Protocol`` with ``settings``' header timeout and connection bound."""
+def guarded_protocol(
+    settings: ServerSettings, stoppable: Stoppable | None = None
+) -> type[GuardedH11Protocol]:
+    """``GuardedH11Protocol`` with ``settings``' timeouts and connection bound, telling
+    ``stoppable`` when the server begins to shut down."""
     return type(
         "GuardedH11Protocol",
         (GuardedH11Protocol,),
@@ -250,6 +279,7 @@ def guarded_protocol(settings: ServerSettings) -> type[GuardedH11Protocol]:
             "body_timeout": settings.body_timeout,
             "send_timeout": settings.send_timeout,
             "max_connections": settings.max_connections,
+            "stoppable": stoppable,
         },
     )
 
@@ -262,12 +292,14 @@ def uvicorn_config(app: Any, **options: Any) -> uvicorn.Config:
     ``uvicorn.Config`` (``host``, ``port``, ``log_level``, ...); ``http`` and
     ``ws`` are set here, and ``proxy_headers`` is off unless given (an embedder
     behind its own proxy may pass ``proxy_headers=True, forwarded_allow_ips=...``).
+    The app's service hears when a shutdown begins (``GuardedH11Protocol.shutdown``).
     """
     service = getattr(getattr(app, "state", None), "service", None)
     settings = getattr(service, "settings", None)
     if not isinstance(settings, ServerSettings):
         settings = ServerSettings()
+    stoppable = service if callable(getattr(service, "begin_shutdown", None)) else None
     options.setdefault("proxy_headers", False)
-    config = uvicorn.Config(app, http=guarded_protocol(settings), ws="none", **options)
+    config = uvicorn.Config(app, http=guarded_protocol(settings, stoppable), ws="none", **options)
     redact_session_ids()  # (after the Config: it configures uvicorn's loggers)
     return config

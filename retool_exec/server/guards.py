@@ -26,6 +26,7 @@ __all__ = [
     "is_loopback",
     "is_loopback_host",
     "presented_token",
+    "send_json",
     "token_matches",
 ]
 
@@ -41,9 +42,10 @@ answering, so an ordinary client that is still sending gets the 413 instead
 of a reset connection; a larger upload is cut off."""
 
 
-async def _send_json(
+async def send_json(
     send: Send, status: int, detail: str, headers: list[tuple[bytes, bytes]] | None = None
 ) -> None:
+    """A whole answer in the server's error shape: ``{"detail": ...}``."""
     body = json.dumps({"detail": detail}).encode("utf-8")
     await send(
         {
@@ -74,7 +76,7 @@ class BodyLimitMiddleware:
         declared = _header(scope, b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             await self._drain(receive, int(declared))
-            await _send_json(send, 413, too_large)
+            await send_json(send, 413, too_large)
             return
         chunks: list[bytes] = []
         size = 0
@@ -87,7 +89,7 @@ class BodyLimitMiddleware:
             if size > self.max_bytes:
                 if message.get("more_body", False):
                     await self._drain(receive, None)
-                await _send_json(send, 413, too_large)
+                await send_json(send, 413, too_large)
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -157,7 +159,7 @@ class TokenMiddleware:
             return
         raw = _header(scope, b"authorization")
         if not token_matches(raw, self.token):
-            await _send_json(
+            await send_json(
                 send,
                 401,
                 "missing or wrong token: send 'Authorization: Bearer <token>'",
@@ -217,11 +219,11 @@ class BrowserGuardMiddleware:
         headers = {name.lower(): value for name, value in scope.get("headers", [])}
         origin = headers.get(b"origin")
         if origin is not None and not _local_origin(origin.decode("latin-1")):
-            await _send_json(send, 403, "cross-origin requests are refused")
+            await send_json(send, 403, "cross-origin requests are refused")
             return
         host = headers.get(b"host", b"").decode("latin-1")
         if self.check_host and not is_loopback_host(host):
-            await _send_json(send, 403, f"Host {host[:100]!r} is not this machine's loopback")
+            await send_json(send, 403, f"Host {host[:100]!r} is not this machine's loopback")
             return
         await self.app(scope, receive, send)
 

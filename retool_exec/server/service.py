@@ -81,7 +81,25 @@ class SandboxService:
 
     async def start(self) -> None:
         """Warm the backend before the first request arrives."""
+        self.admission.reopen()
         await self.sandbox.astart()
+
+    def begin_shutdown(self) -> None:
+        """The server has begun to shut down: queued and new requests are refused at once
+        (504, ``ShuttingDown``); running ones go on for the grace period (``shutdown.py``).
+        Idempotent; called from the event loop."""
+        if not self.admission.closing:
+            log.info(
+                "shutting down: %d running call(s) may finish; %d queued refused",
+                self.admission.running,
+                self.admission.waiting,
+            )
+        self.admission.close()
+
+    @property
+    def stopping(self) -> bool:
+        """Whether ``begin_shutdown`` was called (since the last ``start``)."""
+        return self.admission.closing
 
     async def close(self) -> None:
         """Close the sessions the server opened, and the sandbox if the server built it
@@ -209,9 +227,11 @@ class SandboxService:
             total_timeout=total,
         )
         fetched, fetch_note = fetched_files(result, files, self.settings.max_fetch_bytes)
-        status = run_status(driver)
+        status, outcome = run_status(driver), result.outcome
         if status is RunStatus.SUCCESS and finished < count:
-            status = RunStatus.FAILED  # the interpreter ended before every cell had run
+            # The interpreter ended before every cell had run (``os._exit(0)`` in a cell):
+            # the header says what the body says (it said success; red team B).
+            status, outcome = RunStatus.FAILED, Outcome.ERROR
         notes = [outcome_message(result), cells_note, fetch_note]
         response = RunJupyterResponse(
             status=status,
@@ -222,7 +242,7 @@ class SandboxService:
             files=fetched,
             request_id=request.request_id,
         )
-        return response, result.outcome
+        return response, outcome
 
     # -- POST /v1/exec -------------------------------------------------------------
 

@@ -63,7 +63,10 @@ class ServerSettings(BaseModel):
     max_connections: int | None = Field(default=1024, ge=1)
     """Most connections open at once; a new one past it gets 504 and is closed at once.
     Keep it above ``max_concurrency + max_queue``, or clients get closed connections
-    where they would have got a place in the queue. None: no bound."""
+    where they would have got a place in the queue. None: no bound. Each connection
+    holds a file descriptor: ``retool-exec serve`` fits this bound to its
+    ``RLIMIT_NOFILE`` beside a reserve for the backend (``descriptors.py``); an app
+    served otherwise keeps it as given."""
     token: SecretStr | None = None
     """When set, every endpoint except ``/v1/ping`` needs ``Authorization: Bearer
     <token>`` (or HTTP Basic auth with the token as the password)."""

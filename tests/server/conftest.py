@@ -10,10 +10,16 @@ it (containers included) on shutdown.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import resource
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -134,3 +140,90 @@ def fake_server() -> Iterator[tuple[str, FakeBackend]]:
     backend = FakeBackend(sandbox_failure)
     with serve(create_app(backend)) as url:
         yield url, backend
+
+
+@dataclasses.dataclass
+class ServeProcess:
+    """A ``retool-exec serve`` process (see ``serve_process``)."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+    log: Path
+    """Its stdout and stderr together (a file: a flood of lines cannot block it)."""
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+_SERVE = """
+import resource, sys
+from retool_exec.cli import main
+args = sys.argv[1:]
+if args[0] != "serve":  # the RLIMIT_NOFILE to start with: soft, hard
+    resource.setrlimit(resource.RLIMIT_NOFILE, (int(args[0]), int(args[1])))
+    args = args[2:]
+sys.exit(main(args))
+"""
+"""``retool-exec ARGS``, under an ``RLIMIT_NOFILE`` set first if given (no ``preexec_fn``,
+which is unsafe in a process with threads)."""
+
+
+@contextlib.contextmanager
+def serve_process(
+    log_dir: Path, *args: str, nofile: tuple[int, int] | None = None, wait: bool = True
+) -> Iterator[ServeProcess]:
+    """``retool-exec serve ARGS --port P`` as a process, under ``RLIMIT_NOFILE`` ``nofile``
+    (soft, hard) when given; yields once ``/v1/ping`` answers (``wait``). The process is
+    killed at the end if it still runs."""
+    port = free_port()
+    log = log_dir / f"serve-{port}.log"
+    limits = [str(value) for value in nofile or ()]
+    command = [sys.executable, "-c", _SERVE, *limits, "serve", *args, "--port", str(port)]
+    with log.open("wb") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
+    server = ServeProcess(process, port, log)
+    try:
+        deadline = time.monotonic() + 60
+        while wait:
+            try:
+                if httpx.get(f"{server.url}/v1/ping", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert process.poll() is None, server.output()
+            assert time.monotonic() < deadline, server.output()
+            time.sleep(0.1)
+        yield server
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGKILL)
+        process.wait(30)
+
+
+def open_files(pid: int) -> tuple[int, int]:
+    """``(soft, hard)`` RLIMIT_NOFILE of a running process."""
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            soft, hard = line.split()[3:5]
+            return int(soft), int(hard)
+    raise AssertionError(f"no open-files limit for process {pid}")
+
+
+def raise_own_descriptor_limit(needed: int) -> None:
+    """Let this test process hold ``needed`` sockets, or skip the test."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        pytest.skip(f"needs {needed} file descriptors; the hard limit is {hard}")
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))

@@ -7,6 +7,8 @@ import base64
 import httpx
 import pytest
 
+from retool_exec.server import OUTCOME_HEADER
+
 pytestmark = pytest.mark.server
 
 
@@ -127,3 +129,14 @@ def test_bad_kernel_and_too_many_cells_are_4xx(local_url: str, client: httpx.Cli
     assert many.status_code == 413
     missing = client.post(f"{local_url}/run_jupyter", json={"cell": ["1"]})
     assert missing.status_code == 422
+
+
+def test_an_interpreter_that_exits_zero_mid_notebook_is_no_success_in_the_header(
+    local_url: str, client: httpx.Client
+) -> None:
+    """The body said ``Failed`` (a cell did not finish), the header ``success`` (red team
+    B, the thirty-sixth round): a client reading one or the other scored it differently."""
+    cells = ["print('a')", "import os; os._exit(0)", "print('never')"]
+    response = client.post(f"{local_url}/run_jupyter", json={"cells": cells})
+    assert response.json()["status"] == "Failed"
+    assert response.headers[OUTCOME_HEADER] == "error"
