@@ -181,7 +181,9 @@ def bounded(text: str, cap: int) -> str:
 def traceback_tail(lines: list[str], cap: int) -> list[str]:
     """A traceback's lines as the local backend keeps them: the exception's own line,
     then the newest lines that fit in ``cap`` characters, each cut by ``cut_tail``, and
-    the ``Traceback`` header with a count of the lines left out."""
+    the ``Traceback`` header with a count of the lines left out. (The local backend's
+    drivers hold their own copy: they run in the caller's python, without this package;
+    the contract tests compare the two.)"""
     lines = [cut_tail(line, cap) for line in lines[-200:]]
     kept, total = lines[-1:], 0
     for line in reversed(lines[:-1]):
