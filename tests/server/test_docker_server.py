@@ -141,18 +141,25 @@ def test_a_notebooks_long_value_and_error_read_as_on_the_local_backend(
     """Each keeps its end, after the seed's marker with the whole count: the agent kept a
     value's head, which this server then cut from the middle and counted wrong (red
     team, the thirty-sixth round)."""
-    cells = ["list(range(100000))", "raise ValueError('A' * 5000 + 'END')"]
+    cells = [
+        "list(range(100000))",
+        "raise ValueError('A' * 5000 + 'END')",
+        "def down(n):\n    return down(n - 1) if n else 1 / 0\ndown(300)",
+    ]
     shown = {}
     for url in (docker_url, local_url):
         body = client.post(f"{url}/run_jupyter", json={"cells": cells}).json()
-        display, (error,) = body["cells"][0]["display"], body["cells"][1]["error"]
-        shown[url] = (display, error["evalue"], error["traceback"][-1])
+        display, (error,), (deep,) = (
+            cell.get("display") or cell["error"] for cell in body["cells"]
+        )
+        shown[url] = (display, error["evalue"], error["traceback"], deep["traceback"])
     value = repr(list(range(100000)))
     chars = len(shown[docker_url][0][0]["text/plain"].split("\n", 1)[1])
     assert shown[docker_url][0] == [
         {"text/plain": f"[... truncated {len(value) - chars} chars ...]\n{value[-chars:]}"}
     ]
     assert shown[docker_url][1].endswith("A" * 100 + "END"), shown[docker_url]
+    assert any("more lines of the traceback" in line for line in shown[docker_url][3])
     assert shown[docker_url] == shown[local_url]
 
 
