@@ -144,7 +144,8 @@ def test_a_notebooks_long_value_and_error_read_as_on_the_local_backend(
     cells = [
         "list(range(100000))",
         "raise ValueError('A' * 5000 + 'END')",
-        "def down(n):\n    return down(n - 1) if n else 1 / 0\ndown(300)",
+        # (two functions in turn: python3 folds a frame that repeats the one before)
+        "def a(n):\n    return b(n - 1) if n else 1 / 0\ndef b(n):\n    return a(n)\na(150)",
     ]
     shown = {}
     for url in (docker_url, local_url):
@@ -159,7 +160,7 @@ def test_a_notebooks_long_value_and_error_read_as_on_the_local_backend(
         {"text/plain": f"[... truncated {len(value) - chars} chars ...]\n{value[-chars:]}"}
     ]
     assert shown[docker_url][1].endswith("A" * 100 + "END"), shown[docker_url]
-    assert any("more lines of the traceback" in line for line in shown[docker_url][3])
+    assert shown[docker_url][3][0].startswith("[... truncated "), shown[docker_url][3][:3]
     assert shown[docker_url] == shown[local_url]
 
 
