@@ -1060,6 +1060,30 @@ def test_an_interrupt_that_misses_the_cells_code_does_not_end_the_session(
 
 
 @pytest.mark.docker
+def test_forks_past_the_agents_descriptors_are_refused_and_the_family_lives_on() -> None:
+    """Each session holds two of the agent's descriptors: fork 117 of an idle session met
+    ``EMFILE`` mid-fork, the agent ended, and the parent and every fork were lost (red
+    team D, the thirty-sixth round). Now the fork that does not fit is refused."""
+    from tests.conftest import require_docker
+
+    require_docker()
+    config = DockerConfig(policy="reuse", pool_size=1, nofile=64)
+    with Sandbox(config, timeout=10, max_sessions=100) as sandbox, sandbox.session() as session:
+        session.run_code("state = 'precious'")
+        forks = []
+        with pytest.raises(SessionError) as refused:
+            for _ in range(60):
+                forks.append(session.fork())
+        assert not isinstance(refused.value, SessionLostError), refused.value
+        assert "descriptors" in str(refused.value), refused.value
+        assert forks, "not one fork fitted: the test proves nothing"
+        for survivor in (session, forks[0], forks[-1]):
+            assert survivor.run_code("print(state)").stdout == "precious\n"
+        for fork in forks:
+            fork.close()
+
+
+@pytest.mark.docker
 @pytest.mark.parametrize("backend_id", ["docker-reuse", "docker-runsc"])
 def test_a_fork_announced_by_a_process_that_is_not_its_copy_is_refused(backend_id: str) -> None:
     """A cell's ``os.register_at_fork`` hook announced a fork from the session's middle

@@ -20,6 +20,7 @@ baseline; answered by a ``reset`` frame).
 from __future__ import annotations
 
 import os
+import resource
 import select
 import signal
 import socket
@@ -31,6 +32,11 @@ from . import supervisor as sv
 from . import wire, zygote
 
 START_BUDGET = 5.0
+DESCRIPTORS_KEPT_FREE = 32
+"""Descriptors the supervisor keeps free when it opens or forks a session: each session
+holds two, a cell takes four for its time, a call or reset a few. Past it the session is
+refused, and the family goes on (an ``EMFILE`` in the middle of a fork ended the agent,
+and with it every session of the family: the thirty-sixth round)."""
 """Seconds a new session or fork has to report that it is ready."""
 LIVENESS_TICK = 0.1
 """Seconds between checks that a session's process still exists, while a cell runs."""
@@ -96,9 +102,28 @@ def _refused(sid: int, reason: str) -> dict[str, Any]:
     return {"type": "session", "sid": sid, "ok": False, "reason": reason}
 
 
+def _short_of_descriptors() -> str | None:
+    """Why no session more fits the supervisor's descriptors, or None."""
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    try:
+        used = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return None
+    if limit == resource.RLIM_INFINITY or used + DESCRIPTORS_KEPT_FREE <= limit:
+        return None
+    return (
+        f"no session more fits this family: its {len(table)} session(s) hold the agent's "
+        f"descriptors ({used} of its {limit}, the container's nofile); close one, or start "
+        "with a larger DockerConfig(nofile=...)"
+    )
+
+
 def open_session(sid: int, request: dict[str, Any]) -> dict[str, Any]:
     if sid in table:
         return _refused(sid, "session id in use")
+    short = _short_of_descriptors()
+    if short is not None:
+        return _refused(sid, short)
     child = sv.take_spare()
     to_child = {
         "type": "request",
@@ -136,8 +161,19 @@ def fork_session(sid: int, new_sid: int) -> dict[str, Any]:
         return {**_refused(sid, reason), "parent_lost": True}
     if new_sid in table:
         return _refused(new_sid, "session id in use")
-    events_r, events_w = os.pipe()
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    short = _short_of_descriptors()
+    if short is not None:
+        return _refused(new_sid, short)
+    try:
+        events_r, events_w = os.pipe()
+    except OSError as exc:
+        return _refused(new_sid, f"the fork did not start: {exc}")
+    try:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    except OSError as exc:
+        os.close(events_r)
+        os.close(events_w)
+        return _refused(new_sid, f"the fork did not start: {exc}")
     ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # see _copy_pid
     try:
         message = {"type": "fork", "workdir": workdir(new_sid)}
