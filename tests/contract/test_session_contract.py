@@ -1060,6 +1060,35 @@ def test_an_interrupt_that_misses_the_cells_code_does_not_end_the_session(
 
 
 @pytest.mark.docker
+@pytest.mark.parametrize("backend_id", ["docker-reuse"])
+def test_a_cell_given_up_before_it_began_never_runs(backend_id: str) -> None:
+    """An agent retrying with a tool timeout shorter than the session's: each cell it gave
+    up on while an earlier one ran was still sent later, and ran unseen (``v`` was 3 where
+    the caller saw it 0; red team D, the thirty-sixth round). A running cell runs on (it
+    cannot be taken back); one given up before it began is never sent. (The local
+    backend loses a session whose running cell is given up.)"""
+    from tests.conftest import require_docker
+
+    require_docker()
+
+    async def retries(sandbox: Sandbox) -> str:
+        session = await sandbox.aopen_session()
+        try:
+            await session.arun_code("v = 0")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(session.arun_code("import time; time.sleep(1.5)"), 0.3)
+            for _ in range(3):  # each waits for the sleeping cell, and is given up
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(session.arun_code("v += 1"), 0.1)
+            return (await session.arun_code("print(v)")).stdout
+        finally:
+            await session.aclose()
+
+    with own_sandbox(backend_id, timeout=10) as sandbox:
+        assert asyncio.run(retries(sandbox)) == "0\n"
+
+
+@pytest.mark.docker
 def test_forks_past_the_agents_descriptors_are_refused_and_the_family_lives_on() -> None:
     """Each session holds two of the agent's descriptors: fork 117 of an idle session met
     ``EMFILE`` mid-fork, the agent ended, and the parent and every fork were lost (red

@@ -107,7 +107,20 @@ class SessionFamily:
         session" as killed by a signal, and a fork's copy lived on unclosed until the
         agent ran out of descriptors (thirty-first round).
         """
-        exchange = asyncio.ensure_future(self._exchange(frame, reply_type, timeout, note_cpu_after))
+        # The family's turn is waited for here, where the caller may still give up: a cell
+        # whose caller was cancelled while an earlier cell ran had its exchange started
+        # (shielded) all the same, and ran later, unseen by anyone, changing the state
+        # the next cells saw (red team D, the thirty-sixth round). Once it is our turn the
+        # exchange owns it, and hands it on when it ends, started or not.
+        await self._lock.acquire()
+        try:
+            exchange = asyncio.ensure_future(
+                self._exchange(frame, reply_type, timeout, note_cpu_after)
+            )
+        except BaseException:
+            self._lock.release()
+            raise
+        exchange.add_done_callback(lambda _done: self._lock.release())
         exchange.add_done_callback(_retrieved)  # its failure, if nobody awaits it any more
         if settle is not None:  # (before the shield's own callback: settled before resuming)
             exchange.add_done_callback(lambda done: settle(_answer(done)))
@@ -116,44 +129,44 @@ class SessionFamily:
     async def _exchange(
         self, frame: dict[str, Any], reply_type: str, timeout: float, note_cpu_after: float | None
     ) -> dict[str, Any]:
-        async with self._lock:
-            if self.lost is not None:
-                raise SessionLostError(f"this session is gone: {self.lost}")
-            container = self.container
-            container.next_id += 1
-            call_id = container.next_id
-            container.nonce = secrets.token_hex(16)
-            await self.backend.await_oom_events_due(container)
-            oom_before = self.backend.container_oom_count(container)
-            progress = CallProgress()
-            progress.tasks_before = task_limit_count(container)
-            try:
-                await container.channel.send({**frame, "id": call_id, "nonce": container.nonce})
-                taken = time.monotonic()
-                deadline = taken + timeout
-                late = None if note_cpu_after is None else taken + note_cpu_after
-                reply = await self.backend.receive_noting_cpu(
-                    container, progress, until=deadline, late=late, ask_silence=late is not None
+        """(Run under the family's turn, which ``request`` took for it.)"""
+        if self.lost is not None:
+            raise SessionLostError(f"this session is gone: {self.lost}")
+        container = self.container
+        container.next_id += 1
+        call_id = container.next_id
+        container.nonce = secrets.token_hex(16)
+        await self.backend.await_oom_events_due(container)
+        oom_before = self.backend.container_oom_count(container)
+        progress = CallProgress()
+        progress.tasks_before = task_limit_count(container)
+        try:
+            await container.channel.send({**frame, "id": call_id, "nonce": container.nonce})
+            taken = time.monotonic()
+            deadline = taken + timeout
+            late = None if note_cpu_after is None else taken + note_cpu_after
+            reply = await self.backend.receive_noting_cpu(
+                container, progress, until=deadline, late=late, ask_silence=late is not None
+            )
+            authentic = reply.get("id") == call_id and hmac.compare_digest(
+                str(reply.get("nonce")), container.nonce
+            )
+            if authentic and reply.get("type") == reply_type:
+                self.backend.note_oom_kills(container, reply, oom_before)
+                return reply
+            if authentic and reply.get("type") == "error":
+                raise ProtocolError(f"the agent failed: {str(reply.get('reason'))[:300]}")
+            raise ProtocolError(f"unexpected frame from the agent: {reply.get('type')!r}")
+        except (TimeoutError, ProtocolError) as exc:
+            if self.backend.closing:
+                self.lost = self.lost or "the sandbox was closed"
+            elif self.lost is None:  # else the family was ended on purpose meanwhile
+                cell = note_cpu_after is not None
+                await self._note_loss(
+                    container, exc, oom_before, progress, timeout=timeout, cell=cell
                 )
-                authentic = reply.get("id") == call_id and hmac.compare_digest(
-                    str(reply.get("nonce")), container.nonce
-                )
-                if authentic and reply.get("type") == reply_type:
-                    self.backend.note_oom_kills(container, reply, oom_before)
-                    return reply
-                if authentic and reply.get("type") == "error":
-                    raise ProtocolError(f"the agent failed: {str(reply.get('reason'))[:300]}")
-                raise ProtocolError(f"unexpected frame from the agent: {reply.get('type')!r}")
-            except (TimeoutError, ProtocolError) as exc:
-                if self.backend.closing:
-                    self.lost = self.lost or "the sandbox was closed"
-                elif self.lost is None:  # else the family was ended on purpose meanwhile
-                    cell = note_cpu_after is not None
-                    await self._note_loss(
-                        container, exc, oom_before, progress, timeout=timeout, cell=cell
-                    )
-                self.backend.end_session_container_soon(container)
-                raise
+            self.backend.end_session_container_soon(container)
+            raise
 
     async def _note_loss(
         self,
