@@ -241,7 +241,9 @@ class Sandbox:
 
     def open_session(self, *, memory_mb: int | None = None) -> Session:
         """A stateful session to close yourself (or leave to ``close()`` of the Sandbox)."""
-        return self._call_in_loop(self._open_session_in_loop(memory_mb))
+        return self._call_in_loop(
+            self._open_session_in_loop(memory_mb), "open_session()", abandoned=close_abandoned
+        )
 
     async def aopen_session(self, *, memory_mb: int | None = None) -> Session:
         """Async ``open_session``. A session opened for a caller that gave up (cancelled)
@@ -335,8 +337,20 @@ class Sandbox:
         task.add_done_callback(self._finishing.discard)
         await asyncio.shield(task)
 
-    def _call_in_loop(self, coro: Coroutine[Any, Any, T], what: str = "a blocking method") -> T:
-        """Run ``coro`` on the sandbox's loop and wait for it (from any other thread)."""
+    def _call_in_loop(
+        self,
+        coro: Coroutine[Any, Any, T],
+        what: str = "a blocking method",
+        *,
+        abandoned: Callable[[T], Coroutine[Any, Any, object]] | None = None,
+    ) -> T:
+        """Run ``coro`` on the sandbox's loop and wait for it (from any other thread).
+
+        ``abandoned``: what to do with the result of a call whose caller gave up (Ctrl-C
+        in ``open_session()``): the call then runs to its end and its result goes there.
+        A session made as the interrupt landed was dropped, still open, counted against
+        ``max_sessions`` and holding its container (red team D, the thirty-sixth round).
+        """
         try:
             portal = self._ensure_portal()
         except BaseException:
@@ -359,7 +373,10 @@ class Sandbox:
                 raise SandboxClosedError(_CLOSED_UNDER_THE_CALL) from None
             raise
         except BaseException:
-            future.cancel()
+            if abandoned is None:
+                future.cancel()
+            else:
+                future.add_done_callback(lambda done: _hand_back(portal, done, abandoned))
             raise
 
     def _runs_here(self) -> bool:
@@ -595,6 +612,10 @@ class Sandbox:
             # The sandbox's own start (its first containers) is waiting too, not running.
             slot_wait = time.perf_counter() - submitted
             result = await self.backend.run(request)
+        if self._closed and result.outcome is Outcome.SANDBOX_ERROR:
+            # close() removed its container under it: the caller's doing, said as for a call
+            # still queued, not an infrastructure failure in the stats (red team D).
+            raise SandboxClosedError(_CLOSED_UNDER_THE_CALL)
         update: dict[str, Any] = {
             "latency": time.perf_counter() - submitted,
             "queue_wait": slot_wait + result.queue_wait,
@@ -640,6 +661,21 @@ class LocalPythonSandbox(Sandbox):
             LocalConfig(python=python, timeout=timeout), timeout=timeout, max_workers=max_workers
         )
         self.python = python
+
+
+def _hand_back(
+    portal: LoopThread,
+    done: concurrent.futures.Future[T],
+    abandoned: Callable[[T], Coroutine[Any, Any, object]],
+) -> None:
+    """Give a result its caller gave up on to ``abandoned``, on the sandbox's loop."""
+    if done.cancelled() or done.exception() is not None:
+        return
+    coro = abandoned(done.result())
+    try:
+        portal.submit(coro)
+    except RuntimeError:  # the loop is stopping: the sandbox's close ends what it holds
+        coro.close()
 
 
 def _check_count(name: str, value: object) -> None:

@@ -101,7 +101,9 @@ class Session:
 
     def fork(self) -> Session:
         """A new, independent session whose state is a copy of this one's now."""
-        return self._sandbox._call_in_loop(self.afork_in_loop())
+        return self._sandbox._call_in_loop(
+            self.afork_in_loop(), "fork()", abandoned=close_abandoned
+        )
 
     async def afork(self) -> Session:
         """Async ``fork``; a copy made for a caller that gave up is closed."""

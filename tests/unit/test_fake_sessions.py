@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 
 import pytest
 
@@ -175,3 +177,44 @@ def test_a_cells_value_in_the_observation_is_bounded_like_a_stream() -> None:
     assert "printed\n42\n" in small
     assert value == "[... truncated 61440 chars ...]\n" + "A" * 4096
     assert value + "\n" in big and len(big) < 4096 + 200
+
+
+INTERRUPTED_AS_THE_SESSION_OPENS = """
+import os, signal, time
+from retool_exec import FakeBackend, Sandbox
+
+class InterruptedAsItOpens(FakeBackend):
+    async def open_session(self, *, memory_mb=None):
+        session = await super().open_session(memory_mb=memory_mb)
+        os.kill(os.getpid(), signal.SIGINT)  # the caller's Ctrl-C, as the session is made
+        return session
+
+interrupted = 0
+with Sandbox(InterruptedAsItOpens(), max_sessions=100) as sandbox:
+    for _ in range(20):
+        try:
+            sandbox.open_session()
+        except KeyboardInterrupt:
+            interrupted += 1
+    deadline = time.monotonic() + 10
+    while sandbox.open_sessions and time.monotonic() < deadline:
+        time.sleep(0.05)
+    print(interrupted, sandbox.open_sessions)
+"""
+
+
+def test_a_session_made_as_its_sync_caller_is_interrupted_is_closed() -> None:
+    """Ctrl-C landing as ``open_session()`` finished dropped the session, still open and
+    counted against ``max_sessions`` (20 of 20 here; red team D, the thirty-sixth round).
+    Its own process: the test sends SIGINT."""
+    done = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_AS_THE_SESSION_OPENS],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    interrupted, left_open = map(int, done.stdout.split())
+    assert interrupted > 0, "no interrupt landed: the test proved nothing"
+    assert left_open == 0
