@@ -1502,7 +1502,10 @@ class _LocalSession(SessionHandle):
             await asyncio.wait([self._process.exited], timeout=_SESSION_END)
         finally:
             self._process.release()
-            await asyncio.to_thread(_remove_tree, self.workdir)
+            try:
+                await asyncio.to_thread(_remove_tree, self.workdir)
+            except RuntimeError:  # the interpreter is exiting (no new threads): here, then
+                _remove_tree(self.workdir)  # (its folder stayed in /tmp for good: red team D)
 
 
 async def _await_message(

@@ -66,3 +66,22 @@ def test_a_sandbox_left_open_at_exit_closes_without_an_error() -> None:
     )
     assert (done.returncode, done.stdout) == (0, "{'f': b'x'}\n"), done
     assert "failed" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_session_left_open_at_exit_leaves_no_folder() -> None:
+    """Its folder was removed through a new thread, which an exiting interpreter refuses:
+    the exit hook logged the failure and the folder, with what the code wrote there,
+    stayed in /tmp for good (red team D, the thirty-sixth round)."""
+    script = (
+        "from retool_exec import LocalConfig, Sandbox\n"
+        "sandbox = Sandbox(LocalConfig(), timeout=10)\n"
+        "session = sandbox.open_session()\n"
+        "session.run_code(\"open('kept', 'w').write('x' * 1000)\")\n"
+        "print(session._handle.workdir)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done
+    assert "failed" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert not os.path.exists(done.stdout.strip()), done.stdout
