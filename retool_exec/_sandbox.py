@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import functools
 import logging
 import os
 import sys
@@ -296,15 +297,25 @@ class Sandbox:
             self._sessions.discard(session)
 
     async def _reap_idle_sessions(self) -> None:
-        """Close sessions idle longer than ``session_ttl`` (checked a few times per TTL)."""
+        """Close sessions idle longer than ``session_ttl`` (checked a few times per TTL).
+
+        Each close runs on its own: one waits for its family's running cell (a Docker
+        family's stream carries one exchange at a time), and awaited in turn it held the
+        closing of every other idle session for that cell's time (red team D, the
+        thirty-sixth round)."""
+        reaping: set[Session] = set()
         while self._sessions:
             await asyncio.sleep(min(5.0, self.session_ttl / 4))
             now = time.monotonic()
+            reason = f"it was idle for more than {self.session_ttl:.0f} s (session_ttl)"
             for session in list(self._sessions):
-                if now - session.last_used > self.session_ttl and not session._lock.locked():
-                    await session.aclose_in_loop(
-                        f"it was idle for more than {self.session_ttl:.0f} s (session_ttl)"
-                    )
+                idle = now - session.last_used > self.session_ttl
+                if idle and not session._lock.locked() and session not in reaping:
+                    reaping.add(session)
+                    task = asyncio.ensure_future(session.aclose_in_loop(reason))
+                    self._finishing.add(task)  # (the loop keeps a weak reference only)
+                    task.add_done_callback(self._finishing.discard)
+                    task.add_done_callback(functools.partial(_forget, reaping, session))
 
     async def _close_everything(self) -> None:
         """Close the sessions, then the backend. A session's close may wait for a cell
@@ -661,6 +672,10 @@ class LocalPythonSandbox(Sandbox):
             LocalConfig(python=python, timeout=timeout), timeout=timeout, max_workers=max_workers
         )
         self.python = python
+
+
+def _forget(reaping: set[Session], session: Session, _done: object) -> None:
+    reaping.discard(session)
 
 
 def _hand_back(

@@ -234,3 +234,28 @@ def test_a_sandbox_never_closed_leaves_no_container(forgotten: str) -> None:
             if child.poll() is None:
                 child.kill()
     assert _owned_by(pid) == []
+
+
+def test_an_idle_session_is_reaped_on_time_beside_a_family_running_a_long_cell() -> None:
+    """The reaper awaited each close in turn, and an idle session whose family ran a long
+    cell waited for that cell: every other idle session outlived its TTL by the cell's
+    time (red team D, the thirty-sixth round)."""
+    require_docker()
+    config = DockerConfig(policy="reuse", pool_size=1, labels=LABELS)
+
+    async def reaped_after() -> float:
+        with Sandbox(config, timeout=30, session_ttl=1.0) as sandbox:
+            busy_family = await sandbox.aopen_session()
+            await busy_family.arun_code("x = 1")
+            fork = await busy_family.afork()
+            other = await sandbox.aopen_session()  # after the family: reaped after it
+            await other.arun_code("y = 1")
+            long = asyncio.ensure_future(fork.arun_code("import time; time.sleep(8)"))
+            started = time.monotonic()
+            while other.lost is None and time.monotonic() - started < 15:  # noqa: ASYNC110
+                await asyncio.sleep(0.1)
+            took = time.monotonic() - started
+            await long
+            return took
+
+    assert asyncio.run(reaped_after()) < 5.0
