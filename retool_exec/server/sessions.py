@@ -178,7 +178,7 @@ class SessionService:
                 await self._end(entry)
                 raise self._gone(entry) from exc
             except SandboxClosedError as exc:
-                raise _unavailable("the server is shutting down") from exc
+                raise _shutting_down() from exc
         lost = entry.session.lost
         if lost is not None and self._entries.get(session_id) is entry:
             await self._end(entry)
@@ -398,7 +398,7 @@ class SessionService:
                 "clients together); retry later"
             ) from exc
         except SandboxClosedError as exc:
-            raise _unavailable("the server is shutting down") from exc
+            raise _shutting_down() from exc
         except SessionError as exc:  # e.g. a fork that failed while its parent lives on
             raise _unavailable(str(exc)) from exc
         except ConfigError as exc:
@@ -446,6 +446,17 @@ def _not_found(detail: str = "") -> RequestRejected:
 
 def _unavailable(detail: str) -> RequestRejected:
     return RequestRejected(detail, status=503, headers=dict(_RETRY))
+
+
+def _shutting_down() -> RequestRejected:
+    """504, as every request the server answers while it stops (``shutdown.py``; it was
+    503 here, which verl does not retry)."""
+    return RequestRejected(
+        "the server is shutting down: this session ends with it; open a new one (another "
+        "server, or this one once it is back)",
+        status=504,
+        headers=dict(_RETRY),
+    )
 
 
 async def _left(gone: Disconnected) -> bool:

@@ -148,3 +148,28 @@ def test_a_request_that_reaches_the_app_during_shutdown_is_refused_in_json(
         assert "shutting down" in json.loads(payload)["detail"]
         assert server.process.wait(30) == 0
     assert "Traceback" not in server.output()
+
+
+def test_a_session_cell_running_at_the_stop_gets_a_json_answer_verl_retries(
+    tmp_path: Path,
+) -> None:
+    """The session endpoints answered 503 (which verl does not retry) in their own race
+    with the closing sandbox, where everything else answers 504 (the thirty-sixth round)."""
+    with serve_process(tmp_path, "--backend", "local") as server:
+        opened = httpx.post(f"{server.url}/sessions", timeout=30)
+        assert opened.status_code == 201, opened.text
+        cell_url = f"{server.url}/sessions/{opened.json()['session_id']}/run"
+        answers: list[httpx.Response] = []
+        body = {"code": "import time; time.sleep(100)", "timeout": 100}
+        running = threading.Thread(
+            target=lambda: answers.append(httpx.post(cell_url, json=body, timeout=120))
+        )
+        running.start()
+        wait_for(lambda: gauge(server, "server/running") == 1)
+        server.process.send_signal(signal.SIGTERM)
+        running.join(60)
+        [answer] = answers
+        assert answer.status_code not in (500, 503), (answer.status_code, answer.text[:200])
+        assert answer.headers["content-type"] == "application/json", answer.headers
+        if answer.status_code != 200:  # (200: the cell came back, its session lost)
+            assert "shut" in shutting_down(answer)
