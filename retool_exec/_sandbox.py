@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 from retool_exec._errors import (
     ConfigError,
@@ -361,6 +361,8 @@ class Sandbox:
         in ``open_session()``): the call then runs to its end and its result goes there.
         A session made as the interrupt landed was dropped, still open, counted against
         ``max_sessions`` and holding its container (red team D, the thirty-sixth round).
+        The interrupt can land anywhere here, ``submit`` included, so the result is
+        claimed under a lock by whichever side comes second (``_Claim``).
         """
         try:
             portal = self._ensure_portal()
@@ -370,24 +372,29 @@ class Sandbox:
         if portal.in_loop_thread:
             coro.close()
             raise RuntimeError(f"{what} was called from the sandbox's own event loop")
+        claim = None if abandoned is None else _Claim(abandoned)
+        work = coro if claim is None else claim.run(coro)
         try:
-            future = portal.submit(coro)
-        except RuntimeError:  # the loop stopped: closed (by a signal handler of this thread)
-            coro.close()
-            if self._closed:
-                raise SandboxClosedError(_CLOSED_UNDER_THE_CALL) from None
-            raise
-        try:
-            return future.result()
-        except concurrent.futures.CancelledError:
-            if self._closed:  # close() stopped the loop under the call, not its caller
-                raise SandboxClosedError(_CLOSED_UNDER_THE_CALL) from None
-            raise
+            try:
+                future = portal.submit(work)
+            except RuntimeError:  # the loop stopped: closed (by a signal handler of this thread)
+                work.close()
+                if self._closed:
+                    raise SandboxClosedError(_CLOSED_UNDER_THE_CALL) from None
+                raise
+            try:
+                return future.result()
+            except concurrent.futures.CancelledError:
+                if self._closed:  # close() stopped the loop under the call, not its caller
+                    raise SandboxClosedError(_CLOSED_UNDER_THE_CALL) from None
+                raise
+            except BaseException:
+                if claim is None:
+                    future.cancel()
+                raise
         except BaseException:
-            if abandoned is None:
-                future.cancel()
-            else:
-                future.add_done_callback(lambda done: _hand_back(portal, done, abandoned))
+            if claim is not None:
+                claim.give_up(portal)
             raise
 
     def _runs_here(self) -> bool:
@@ -678,19 +685,37 @@ def _forget(reaping: set[Session], session: Session, _done: object) -> None:
     reaping.discard(session)
 
 
-def _hand_back(
-    portal: LoopThread,
-    done: concurrent.futures.Future[T],
-    abandoned: Callable[[T], Coroutine[Any, Any, object]],
-) -> None:
-    """Give a result its caller gave up on to ``abandoned``, on the sandbox's loop."""
-    if done.cancelled() or done.exception() is not None:
-        return
-    coro = abandoned(done.result())
-    try:
-        portal.submit(coro)
-    except RuntimeError:  # the loop is stopping: the sandbox's close ends what it holds
-        coro.close()
+class _Claim(Generic[T]):
+    """The result of a call whose synchronous caller may give up at any moment: the side
+    that comes second (the call ending, or its caller giving up) hands it to
+    ``abandoned`` if the caller gave up, under one lock, so no moment between them loses
+    it (``Sandbox._call_in_loop``)."""
+
+    def __init__(self, abandoned: Callable[[T], Coroutine[Any, Any, object]]) -> None:
+        self._abandoned = abandoned
+        self._lock = threading.Lock()
+        self._gave_up = False
+        self._result: list[T] = []
+
+    async def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        result = await coro
+        with self._lock:
+            gave_up = self._gave_up
+            self._result.append(result)
+        if gave_up:
+            await self._abandoned(result)
+        return result
+
+    def give_up(self, portal: LoopThread) -> None:
+        with self._lock:
+            self._gave_up = True
+            result = self._result[:1]
+        if result:
+            coro = self._abandoned(result[0])
+            try:
+                portal.submit(coro)
+            except RuntimeError:  # the loop is stopping: the sandbox's close ends it all
+                coro.close()
 
 
 def _check_count(name: str, value: object) -> None:
