@@ -493,7 +493,10 @@ def test_a_notebook_of_many_large_values_is_cut_not_a_failure() -> None:
 
     require_docker()
     cell = "class A:\n    def __repr__(self):\n        return '\\U0001f600' * 70000\nA()\n"
-    config = DockerConfig(policy="reuse", pool_size=1, timeout=60, labels=LABELS)
+    # (The largest output cap: each value keeps its 65,536 characters, the agent's bound.)
+    config = DockerConfig(
+        policy="reuse", pool_size=1, timeout=60, max_output_chars=1 << 20, labels=LABELS
+    )
     with Sandbox(config, max_workers=1) as sandbox:
         result = run_cells(sandbox, *([cell] * 90), timeout=60)
         after = sandbox.run_code("print('next')")
@@ -501,7 +504,7 @@ def test_a_notebook_of_many_large_values_is_cut_not_a_failure() -> None:
     assert len(result.cells) == 90 and all(c.finished for c in result.cells)
     values = [c.display[0]["text/plain"] for c in result.cells]
     assert any(v.endswith(result_fit.CUT_MARK) for v in values)
-    assert all(v.startswith("\U0001f600") for v in values)
+    assert all(v.startswith("[... truncated 4464 chars ...]\n\U0001f600") for v in values)
     assert (after.outcome, after.stdout) == (Outcome.SUCCESS, "next\n")
 
 
@@ -520,7 +523,9 @@ def test_a_large_result_made_to_come_late_keeps_the_calls_own_timeout(runtime: s
         '"\\U0001F600" * 70000\n'
     )
     limit = 6.0
-    config = DockerConfig(policy="reuse", pool_size=1, runtime=runtime, labels=LABELS)
+    config = DockerConfig(  # (the largest output cap: values of the agent's 65,536 bound)
+        policy="reuse", pool_size=1, runtime=runtime, max_output_chars=1 << 20, labels=LABELS
+    )
     with Sandbox(config, max_workers=1) as sandbox:
         sandbox.run_code("print('warm')")
         result = run_cells(
