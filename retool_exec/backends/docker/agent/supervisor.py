@@ -1141,9 +1141,8 @@ def _errors(value: object, caps: tuple[int, int]) -> list[dict[str, Any]]:
             lines = lines[-TRACEBACK_LINES:] if isinstance(lines, list) else []
             records.append(
                 {
-                    "ename": _text(item.get("ename"))[
-                        :200
-                    ],  # a class name: its head, as local keeps it
+                    # (a class name: its head, as the local backend keeps it)
+                    "ename": _text(item.get("ename"))[:200],
                     "evalue": wire.bounded(_text(item.get("evalue")), caps[1]),
                     "traceback": [wire.bounded(_text(line), caps[1]) for line in lines],
                 }
