@@ -54,7 +54,11 @@ TOKEN_ENV = "RETOOL_EXEC_TOKEN"  # noqa: S105 - the variable's name, not a secre
 
 SHUTDOWN_GRACE = 10
 """Seconds running calls have to finish once the server is told to stop (SIGTERM,
-Ctrl-C); queued and new requests are answered 504 at once (``server/shutdown.py``)."""
+Ctrl-C), unless ``--shutdown-grace`` says otherwise; queued and new requests are
+answered 504 at once (``server/shutdown.py``)."""
+
+MAX_SHUTDOWN_GRACE = 3600
+"""The longest ``--shutdown-grace``: an hour, past any call's sensible timeout."""
 
 _EPILOG = """\
 Point a SandboxFusion client at it, e.g. verl's tool config:
@@ -91,8 +95,9 @@ The backend starts before the server listens: a backend that cannot start,
 or an address that cannot be bound, stops the command with one line.
 
 On SIGTERM or Ctrl-C it stops listening, answers queued requests 504 at once
-(verl retries a 504), gives running calls {grace} s to finish, then answers
-those still running 504 too, and closes the sandbox.
+(verl retries a 504), gives running calls --shutdown-grace seconds to finish
+(default {grace}), then answers those still running 504 too, and closes the
+sandbox.
 
 Open connections are bounded (--max-connections, default {max_connections}); the
 server raises its soft RLIMIT_NOFILE to the hard limit and keeps descriptors for
@@ -145,6 +150,14 @@ def register(subparsers: Any) -> None:
         metavar="N",
         help=f"connections open at once, else 504 ({DEFAULT_MAX_CONNECTIONS}, lowered to fit "
         "the file-descriptor limit; a given N that does not fit is an error)",
+    )
+    parser.add_argument(
+        "--shutdown-grace",
+        type=_grace_seconds,
+        default=SHUTDOWN_GRACE,
+        metavar="S",
+        help=f"seconds running calls get to finish once told to stop ({SHUTDOWN_GRACE}; "
+        "give the supervisor more than this)",
     )
     parser.add_argument("--token", default=None, help=f"bearer token (or ${TOKEN_ENV})")
     parser.add_argument("--root-path", default="", metavar="P", help="also serve under P")
@@ -201,6 +214,19 @@ def _mebibytes(text: str) -> int:
             f"expected MiB from 0.001 (1 KiB) to 1048576, got {text!r}"
         )
     return int(value * (1 << 20))
+
+
+def _grace_seconds(text: str) -> float:
+    """``--shutdown-grace``'s value: finite seconds from 0 to ``MAX_SHUTDOWN_GRACE``."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 <= value <= MAX_SHUTDOWN_GRACE):
+        raise argparse.ArgumentTypeError(
+            f"expected seconds from 0 to {MAX_SHUTDOWN_GRACE}, got {text!r}"
+        )
+    return value
 
 
 def _workers(args: argparse.Namespace) -> int:
@@ -342,7 +368,7 @@ def _handle(args: argparse.Namespace) -> int:
                         log_level=args.log_level,
                         lifespan="on",
                         server_header=False,
-                        timeout_graceful_shutdown=SHUTDOWN_GRACE,
+                        timeout_graceful_shutdown=args.shutdown_grace,
                     )
                 )
                 server.run(sockets=[sock])

@@ -54,6 +54,19 @@ def test_the_body_limit_is_a_flag(capsys: pytest.CaptureFixture[str]) -> None:
         assert "--max-body-mb" in capsys.readouterr().err
 
 
+def test_the_shutdown_grace_is_a_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """Calls may run past the default 10 s (``--max-run-timeout``): the grace they get
+    at a stop is the operator's to set, within bounds (``test_shutdown.py`` runs it)."""
+    assert build_parser().parse_args(["serve"]).shutdown_grace == 10
+    assert build_parser().parse_args(["serve", "--shutdown-grace", "0"]).shutdown_grace == 0
+    assert build_parser().parse_args(["serve", "--shutdown-grace", "75.5"]).shutdown_grace == 75.5
+    for bad in ("nan", "inf", "-1", "3601", "soon"):
+        with pytest.raises(SystemExit) as stopped:
+            build_parser().parse_args(["serve", "--shutdown-grace", bad])
+        assert stopped.value.code == 2
+        assert "--shutdown-grace" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("host", "loopback"),
     [
