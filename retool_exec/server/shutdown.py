@@ -1,10 +1,11 @@
 """A stop with requests in hand: every one of them gets an explicit answer in JSON.
 
 uvicorn's graceful shutdown (a supervisor's SIGTERM, Ctrl-C, ``should_exit``) stops
-listening, waits up to ``timeout_graceful_shutdown`` seconds (10 for ``retool-exec
-serve``) for the requests in hand, then cancels those still running, and answers a
-cancelled request that had not answered yet with its own ``500 text/plain "Internal
-Server Error"``. A request queued for a run slot waited out those 10 s and got the
+listening, waits up to ``timeout_graceful_shutdown`` seconds (``retool-exec serve
+--shutdown-grace``, 10 by default) for the requests in hand, then cancels those still
+running, and answers a cancelled request that had not answered yet with its own ``500
+text/plain "Internal Server Error"``. A request queued for a run slot waited out those
+seconds and got the
 same 500 (red-team round B): to a SandboxFusion client a server error, not a sign to
 retry. So, from the moment the shutdown begins (``GuardedH11Protocol.shutdown``, which
 uvicorn calls on every open connection first, calls ``SandboxService.begin_shutdown``):
