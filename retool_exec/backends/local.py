@@ -502,6 +502,47 @@ def _retool_session():
         finally:
             os._exit(0)
 
+    def reseed():
+        # A fork's copy draws its own numbers from the libraries' generators (those in
+        # a module's namespace: numpy's global, sympy's), as CPython reseeds random's;
+        # one the session's code holds in __main__ keeps its state. The agent's
+        # generators.of_a_copy does the same in a Docker fork.
+        import random
+        kinds = [random.Random]
+        numpy = sys.modules.get('numpy')
+        for name in ('RandomState', 'Generator', 'BitGenerator'):
+            kind = getattr(getattr(numpy, 'random', None), name, None)
+            if isinstance(kind, type):
+                kinds.append(kind)
+        kinds = tuple(kinds)
+        found = {}
+        for name, module in list(sys.modules.items()):
+            space = getattr(module, '__dict__', None)
+            if type(name) is not str or name == '__main__' or type(space) is not dict:
+                continue
+            for value in list(space.values()):
+                kind = type(value)
+                if issubclass(kind, kinds) and not issubclass(kind, random.SystemRandom):
+                    found[id(value)] = value
+        def inner(each):  # a numpy generator's bit generator (None: it is one, or random's)
+            if isinstance(each, random.Random):
+                return None
+            return getattr(each, 'bit_generator', None) or getattr(each, '_bit_generator', None)
+
+        owned = {id(inner(each)) for each in found.values()}
+        for key, each in found.items():
+            if key in owned:
+                continue
+            seed = int.from_bytes(os.urandom(32), 'little')
+            try:
+                if isinstance(each, random.Random):
+                    random.Random.seed(each, seed)
+                else:
+                    bits = inner(each)
+                    each.__init__(type(bits)(seed) if bits is not None else seed)
+            except Exception:
+                pass
+
     def fork(fds, new_home):
         # A double fork: the first child exits at once (this process reaps it), so the
         # copy's parent is not this session; that parent (M) only waits for the copy.
@@ -542,6 +583,10 @@ def _retool_session():
                 except OSError:
                     os.chdir(new_home)
                 home[0] = new_home
+                try:
+                    reseed()
+                except Exception:
+                    pass
                 answer({'pid': own_pid()})
             except BaseException:
                 os._exit(1)

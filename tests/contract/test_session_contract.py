@@ -533,6 +533,84 @@ class TestSessionContract:
                 assert result.detail.startswith("session lost:")
                 assert value(branch, "x") == "copied"
 
+    def test_forks_draw_their_own_numbers_from_the_libraries_generators(
+        self, sandbox: Sandbox
+    ) -> None:
+        """Two Docker forks and their parent drew the same numbers from numpy's global
+        generator and sympy's (thirty-seventh round): one branch could predict its
+        sibling's draws. A library's generator is reseeded in each copy, as CPython
+        reseeds ``random``'s; one the session's code holds in ``__main__`` is its own
+        and replays alike in every branch (docs/sessions.md)."""
+        with sandbox.session() as session:
+            setup = session.run_code(
+                "import random, numpy as np\n"
+                "own = np.random.default_rng(7)\n"
+                "def draws():\n"
+                "    return (tuple(np.random.randint(0, 2**31, 4).tolist()),\n"
+                "            tuple(own.integers(0, 2**31, 4).tolist()), random.random())"
+            )
+            assert setup.ok, setup
+            with session.fork() as first, session.fork() as second:
+                seen = [value(each, "draws()") for each in (session, first, second)]
+        libraries = {numbers for numbers, _own, _random in seen}
+        assert len(libraries) == 3, seen
+        assert len({python for _numbers, _own, python in seen}) == 3, seen
+        assert len({own for _numbers, own, _random in seen}) == 1, seen
+
+    def test_closing_forks_frees_their_files(self, sandbox: Sandbox) -> None:
+        """A closed Docker fork kept its copy of the files in the family's ``/tmp`` (a
+        64 MiB tmpfs): with a 10 MiB file, the sixth fork-and-close failed with ENOSPC and
+        the parent could write no more (thirty-seventh round)."""
+        with sandbox.session() as session:
+            assert session.run_code(
+                "import os\nwith open('data.bin', 'wb') as handle:\n"
+                "    handle.write(os.urandom(10 << 20))"
+            ).ok
+            for _ in range(8):
+                session.fork().close()
+            result = session.run_code(
+                "with open('more.bin', 'wb') as handle:\n    handle.write(bytes(1 << 20))"
+            )
+            assert result.ok, result
+            with session.fork() as branch:
+                assert value(branch, "os.path.getsize('data.bin')") == 10 << 20
+
+    def test_closing_a_fork_ends_the_processes_it_started(self, sandbox: Sandbox) -> None:
+        """A process a Docker fork's cell started (and its own child) ran on after the
+        fork was closed (thirty-seventh round), where docs/sessions.md says such processes
+        run until their session closes. The parent lives on."""
+        with sandbox.session() as session:
+            session.run_code("import os, subprocess, sys, time")
+            branch = session.fork()
+            nested = (
+                "import subprocess, sys, time\n"
+                "grandchild = subprocess.Popen([sys.executable, '-c', 'import time; "
+                "time.sleep(600)'])\n"
+                "print(grandchild.pid, flush=True)\n"
+                "time.sleep(600)"
+            )
+            started = branch.run_code(
+                f"child = subprocess.Popen([sys.executable, '-c', {nested!r}], "
+                "stdout=subprocess.PIPE)\n"
+                "print(child.pid, int(child.stdout.readline()))"
+            )
+            assert started.ok, started
+            pids = [int(pid) for pid in started.stdout.split()]
+            branch.close()
+            gone = session.run_code(
+                "def running(pid):\n"
+                "    try:\n"
+                "        with open(f'/proc/{pid}/stat') as handle:\n"
+                "            return handle.read().rpartition(')')[2].split()[0] not in 'ZX'\n"
+                "    except OSError:\n"
+                "        return False\n"
+                "deadline = time.monotonic() + 5\n"
+                f"while any(map(running, {pids!r})) and time.monotonic() < deadline:\n"
+                "    time.sleep(0.05)\n"
+                f"[running(pid) for pid in {pids!r}]"
+            )
+            assert shown(gone) == "[False, False]", gone
+
     # -- closing -------------------------------------------------------------------------
 
     def test_close_ends_the_session_and_later_use_raises(self, sandbox: Sandbox) -> None:
@@ -1146,6 +1224,37 @@ def test_a_fork_announced_by_a_process_that_is_not_its_copy_is_refused(backend_i
         with pytest.raises(SessionError):
             session.fork()
         assert shown(session.run_code("x + 1")) == "2"
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("backend_id", ["docker-reuse", "docker-runsc"])
+def test_a_fork_holds_no_copy_of_its_parents_channels(backend_id: str) -> None:
+    """An earlier cell's ``os.dup(3)`` and ``os.dup(4)`` (the session's events pipe and
+    request socket) reached every later fork: a fork read its parent's next cell and
+    answered it, ``success`` with the fork's output, the parent's code never run
+    (thirty-seventh round). The copy closes them; the parent's own copies stay its own."""
+    from tests.conftest import require_docker
+
+    require_docker()
+    with own_sandbox(backend_id, timeout=10) as sandbox, sandbox.session() as session:
+        assert session.run_code(
+            "import os\n"
+            "kept = [os.dup(3), os.dup(4)]\n"
+            "channels = {(os.fstat(fd).st_dev, os.fstat(fd).st_ino) for fd in (3, 4)}\n"
+            "def held():\n"
+            "    found = set()\n"
+            "    for name in os.listdir('/proc/self/fd'):\n"
+            "        try:\n"
+            "            info = os.fstat(int(name))\n"
+            "        except OSError:\n"
+            "            continue\n"
+            "        found.add((info.st_dev, info.st_ino))\n"
+            "    return len(channels & found)"
+        ).ok
+        with session.fork() as branch:
+            assert value(branch, "held()") == 0
+        assert value(session, "held()") == 2
+        assert value(session, "len(kept)") == 2
 
 
 @pytest.mark.docker

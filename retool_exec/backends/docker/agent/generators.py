@@ -24,6 +24,13 @@ is reseeded too, so its draws differ from those of a fresh interpreter: its
 state cannot tell it from one seeded from entropy, and a shared state is the
 worse failure. The image's libraries seed none of theirs (sympy's, numpy's
 and Python's are all ``Random()``-style, as a fresh interpreter has them).
+
+A session's fork is a copy too: its copy reseeds the libraries' generators
+(``of_a_copy``), as CPython's own at-fork hook reseeds ``random``'s, so that
+branches of one session do not draw the same numbers (thirty-seventh round:
+two forks and their parent drew alike from numpy and sympy). A generator the
+session's code holds in ``__main__`` (``rng = default_rng(42)``) is its own
+and keeps its state in every branch.
 """
 
 from __future__ import annotations
@@ -64,6 +71,24 @@ def find() -> list[Any]:
     generators = [obj for key, obj in found.items() if key not in owned]  # via their owner
     reseed(generators)  # once now: one that cannot be reseeded stops the zygote, named
     return generators
+
+
+def of_a_copy(known: list[Any], modules_known: frozenset[str]) -> list[Any]:
+    """``known`` (the zygote's, ``find``) and those in the namespace of every module
+    imported since (``modules_known`` are the zygote's), but ``__main__``'s."""
+    kinds = (_random.Random, *_numpy_kinds())
+    found = {id(generator): generator for generator in known}
+    for name, module in list(sys.modules.items()):
+        if type(name) is not str or name == "__main__" or name in modules_known:
+            continue
+        namespace = getattr(module, "__dict__", None)
+        if type(namespace) is not dict:
+            continue
+        for value in list(namespace.values()):  # by type: no ``__class__`` of the code's runs
+            if issubclass(type(value), kinds) and not issubclass(type(value), random.SystemRandom):
+                found.setdefault(id(value), value)
+    owned = {id(_owned_bit_generator(obj)) for obj in found.values()}
+    return [obj for key, obj in found.items() if key not in owned]
 
 
 def reseed(generators: list[Any]) -> None:

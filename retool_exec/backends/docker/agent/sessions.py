@@ -28,8 +28,8 @@ import struct
 import time
 from typing import Any
 
+from . import identity, reset, trees, wire, zygote
 from . import supervisor as sv
-from . import wire, zygote
 
 START_BUDGET = 5.0
 DESCRIPTORS_KEPT_FREE = 32
@@ -85,8 +85,8 @@ def _answer(request: dict[str, Any], nonce: object) -> dict[str, Any]:
         close_session(int(sid or 0))
         return {**reply, "type": "session", "sid": sid, "ok": True}
     if kind == "family_reset":
-        for key in list(table):
-            close_session(key)
+        for key in list(table):  # the reset below kills the rest and empties every directory
+            end_session(table.pop(key))
         sv.State.large_result = True  # a family's cells may have sent large results
         clean, reason = sv.reset_container()
         return {**reply, "type": "reset", "clean": clean, "reason": reason}
@@ -191,12 +191,14 @@ def fork_session(sid: int, new_sid: int) -> dict[str, Any]:
     pid = _copy_pid(ours, give_up)
     if pid is not None and not _adopted(pid, give_up):
         copy.close()
+        remove_workdir(new_sid)
         return _refused(
             new_sid, f"the fork's copy did not become the agent's within {START_BUDGET:g} s"
         )
     if pid is None or pid in {process.pid for process in table.values()}:
         said = _fork_failure(events_r) if pid is None else None
         copy.close()
+        remove_workdir(new_sid)  # what a copy that failed had copied (a late one's stays)
         if said is not None:
             return _refused(new_sid, f"the fork failed: {said}")
         return _refused(new_sid, "the fork did not start (out of memory or processes?)")
@@ -224,13 +226,90 @@ def _fork_failure(events_r: int) -> str | None:
 
 
 def close_session(sid: int) -> None:
+    """End a session: its process, the processes it started that are still its
+    descendants, and its working directory (``end_tree``, ``remove_workdir``).
+
+    Why all three: a closed fork's directory stayed in the family's ``/tmp`` (a tmpfs
+    charged to its memory), so honest pruning of branches (fork, close, fork ...) ran
+    the family out of space, and a process a closed fork's cell started ran on beside
+    its siblings (thirty-seventh round). A process that left the session's tree (a
+    daemon, adopted by the supervisor) cannot be told from a sibling's: it runs until
+    the family ends, when the reset kills every process of the calls' uid.
+    """
     process = table.pop(sid, None)
     if process is None:
         return
+    sv.reap_children()
+    if process.pid not in sv.exits:  # not reaped: the pid is still its process's (run_cell)
+        end_tree(process.pid)
+    end_session(process)
+    remove_workdir(sid)
+
+
+def end_session(process: SessionProcess) -> None:
+    """Kill a session's process and collect its exit status."""
     process.close()  # its request socket closes: it leaves its loop
     sv.signal_call(process.pid, signal.SIGKILL)
     _collect(process.pid)
     sv.xcpu_seconds.pop(process.pid, None)
+
+
+TREE_PASSES = 20
+"""Listings of ``/proc`` a session's close makes at most while stopping its descendants."""
+REMOVE_BUDGET = 1.0
+"""Seconds a closed session's directory may take to remove; what is left then is the
+family's reset's (every scratch directory is emptied when the family ends)."""
+
+
+def end_tree(pid: int) -> None:
+    """Kill ``pid`` and its descendants: each is stopped (SIGSTOP: it cannot fork any
+    more) until a listing finds no new one, then all are killed.
+
+    Killed at once, a descendant's children, forked between the listing and the kill,
+    would be orphaned to the supervisor and lost to the tree."""
+    stopped: set[int] = set()
+    for _ in range(TREE_PASSES):
+        found = _tree(pid) - stopped
+        if not found:
+            break
+        for each in found:
+            sv.signal_call(each, signal.SIGSTOP)
+        stopped |= found
+    for each in stopped:
+        sv.signal_call(each, signal.SIGKILL)
+
+
+def _tree(root: int) -> set[int]:
+    """``root`` and its descendants now, by the parent pid each has in ``/proc``."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            parent = int(reset.stat_fields(entry)[1])
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        children.setdefault(parent, []).append(int(entry))
+    found, todo = {root}, [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def remove_workdir(sid: int) -> None:
+    """Remove a closed session's working directory, as the calls' uid (whose files are
+    in it), within ``REMOVE_BUDGET``; never raises. Nothing is followed: a link put in
+    its place is not opened (``trees``)."""
+    path = workdir(sid)
+    with identity.acting_as(sv.State.sandbox, sv.State.agent):
+        try:
+            if not trees.empty_directory(path, time.monotonic() + REMOVE_BUDGET):
+                os.rmdir(path)
+        except (OSError, trees.BudgetExceeded):
+            pass
 
 
 def _send(
@@ -454,9 +533,9 @@ def run_cell(sid: int, request: dict[str, Any]) -> dict[str, Any]:
         # Not reaped, so the pid is still its own (no other session of the family can
         # have drawn it since: the pid counter would have had to come round).
         if process.pid not in sv.exits:
-            # A lost session's process never runs on; what it started is the family's,
-            # ended with the family.
-            sv.signal_call(process.pid, signal.SIGKILL)
+            # A lost session's process never runs on, nor what it started that is still
+            # its own (``close_session``).
+            end_tree(process.pid)
         status = _collect(process.pid)
         oom = oom_before is not None and oom_after is not None and oom_after > oom_before
         if oom:
@@ -472,6 +551,7 @@ def run_cell(sid: int, request: dict[str, Any]) -> dict[str, Any]:
         result["lost"] = process.lost
         table.pop(sid, None)
         process.close()
+        remove_workdir(sid)
     else:
         error = sv._errors((cell or {}).get("error"), caps)
         result["returncode"] = 1 if error else 0

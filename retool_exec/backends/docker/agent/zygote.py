@@ -1948,6 +1948,7 @@ def run_session(request_sock: socket.socket) -> int:
             index += 1
         elif kind == "fork" and len(fds) == 2:
             if _fork_session(*fds):
+                _reseed_copy()
                 try:  # the copy's files are its own: a copy of the directory, in a new one
                     _enter_workdir(str(message.get("workdir")), copy_from=_Workdir.path)
                 except (OSError, ValueError, trees.TooLarge) as exc:
@@ -1957,6 +1958,22 @@ def run_session(request_sock: socket.socket) -> int:
         else:
             for fd in fds:
                 os.close(fd)
+
+
+def _reseed_copy() -> None:
+    """New states for the libraries' random generators in a fork's copy (``generators``).
+
+    A generator that cannot take one is the session's code's doing (it replaced or
+    broke it): its branches then share that one, and the fork goes on."""
+    try:
+        chosen = generators.of_a_copy(Setup.generators, Setup.module_names)
+    except Exception:  # (the code's modules are its own: a namespace can be anything)
+        return
+    for generator in chosen:
+        try:
+            generators.reseed([generator])
+        except Exception:  # noqa: S112 - see above
+            continue
 
 
 class _Workdir:
@@ -2004,6 +2021,7 @@ def _fork_session(events_w: int, request_fd: int) -> bool:
             os._exit(1)
         if copy != 0:
             os._exit(0)  # the copy is orphaned at once: PID 1 adopts it
+        _close_copies_of_channels(keep=(events_w, request_fd))
         os.dup2(events_w, EVENTS_FD)
         os.dup2(request_fd, REQUEST_FD)
         os.close(events_w)
@@ -2017,6 +2035,36 @@ def _fork_session(events_w: int, request_fd: int) -> bool:
         except ChildProcessError:
             pass
     return False
+
+
+def _close_copies_of_channels(keep: tuple[int, ...]) -> None:
+    """In a fork's copy: close every descriptor that is the parent's events pipe or request
+    socket under another number (``os.dup(3)`` in an earlier cell), but ``keep``.
+
+    Why: the copy inherited them, and with them read its parent's next cells and
+    answered them: a cell came back ``success`` with the copy's output and value, its
+    own code never run (thirty-seventh round). Within a family the code can still pass
+    such a descriptor on by other ways (docs/security.md, "Sessions")."""
+    channels = set()
+    for fd in (EVENTS_FD, REQUEST_FD):
+        try:
+            info = os.fstat(fd)
+        except OSError:
+            continue
+        channels.add((info.st_dev, info.st_ino))
+    try:
+        numbers = [int(name) for name in os.listdir("/proc/self/fd")]
+    except (OSError, ValueError):
+        return
+    for fd in numbers:
+        if fd in keep or fd in (EVENTS_FD, REQUEST_FD):
+            continue
+        try:
+            info = os.fstat(fd)
+        except OSError:
+            continue  # (the listing's own descriptor, closed by now)
+        if (info.st_dev, info.st_ino) in channels:
+            os.close(fd)
 
 
 def _install_output(fds: list[int]) -> None:
