@@ -254,29 +254,33 @@ def end_session(process: SessionProcess) -> None:
     sv.xcpu_seconds.pop(process.pid, None)
 
 
-TREE_PASSES = 20
-"""Listings of ``/proc`` a session's close makes at most while stopping its descendants."""
+TREE_PASSES = 5
+"""Listings of ``/proc`` a session's close makes at most while killing its descendants."""
 REMOVE_BUDGET = 1.0
 """Seconds a closed session's directory may take to remove; what is left then is the
 family's reset's (every scratch directory is emptied when the family ends)."""
 
 
 def end_tree(pid: int) -> None:
-    """Kill ``pid`` and its descendants: each is stopped (SIGSTOP: it cannot fork any
-    more) until a listing finds no new one, then all are killed.
+    """Kill ``pid`` and its descendants, listing them again until a listing finds no new
+    one (at most ``TREE_PASSES``).
 
-    Killed at once, a descendant's children, forked between the listing and the kill,
-    would be orphaned to the supervisor and lost to the tree."""
-    stopped: set[int] = set()
+    A process with SIGKILL pending cannot finish a fork, so only a child forked between
+    a listing and its parent's kill can be missed: orphaned to the supervisor, it is
+    lost to the tree and runs until the family ends, as a daemon does. Why not SIGSTOP
+    first, so that none can fork: a session's processes share its process group, and
+    under gVisor a member of that group ending while another is stopped sends the whole
+    group SIGHUP, which ended the parent session a close left alone (the thirty-seventh
+    session's contract run).
+    """
+    killed: set[int] = set()
     for _ in range(TREE_PASSES):
-        found = _tree(pid) - stopped
+        found = _tree(pid) - killed
         if not found:
             break
         for each in found:
-            sv.signal_call(each, signal.SIGSTOP)
-        stopped |= found
-    for each in stopped:
-        sv.signal_call(each, signal.SIGKILL)
+            sv.signal_call(each, signal.SIGKILL)
+        killed |= found
 
 
 def _tree(root: int) -> set[int]:
