@@ -644,6 +644,11 @@ async def arun_branches(
     ``SessionLostError`` at the first fork. On Docker a session and its forks
     share one container and run one cell at a time.
     """
+    if isinstance(continuations, (str, bytes)):  # each character would be a branch
+        raise TypeError(
+            "continuations must be a sequence of continuations (each one cell or a list "
+            f"of cells), not one string: wrap it, [{continuations[:20]!r}]"
+        )
     prefix_cells, branch_cells = _cells(prefix), [_cells(code) for code in continuations]
     if concurrency is not None and concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, got {concurrency}")

@@ -349,6 +349,17 @@ def test_branches_share_the_prefix_and_never_meet(sandbox: Sandbox) -> None:
     assert sandbox.open_sessions == 0
 
 
+def test_one_string_of_continuations_is_refused_not_split_into_characters(
+    sandbox: Sandbox,
+) -> None:
+    """``run_branches(sb, "x = 1", "print(x)")`` ran one branch per character, most of them
+    a ``NameError`` (thirty-seventh round's new-user pass); ``run_many`` refuses so too."""
+    for given in ("print(x)", b"print(x)"):
+        with pytest.raises(TypeError, match="not one string"):
+            run_branches(sandbox, "x = 1", given)  # type: ignore[arg-type]
+    assert sandbox.open_sessions == 0
+
+
 def test_a_branch_whose_interpreter_ends_stops_there(sandbox: Sandbox) -> None:
     outcome = run_branches(sandbox, "p", [["exit", "never"], ["fine"]])
     assert [len(branch) for branch in outcome.branches] == [1, 1]
