@@ -77,7 +77,8 @@ def normalize_path(path: object) -> str:
     if not isinstance(path, str):
         raise RequestRejected(f"file path {path!r} is not a string", status=422)
     if not path:
-        raise RequestRejected("file path is empty", status=422)
+        raise RequestRejected("file path is empty")  # 400, as docs/server.md lists it
+    given = path
     if path.startswith(wire.WORKDIR + "/"):
         # Absolute inside the sandbox's working directory (where a call starts): as
         # SandboxFusion writes absolute paths where the code can read them by that name.
@@ -86,7 +87,9 @@ def normalize_path(path: object) -> str:
         return wire.check_relative_path(path)
     except ValueError as exc:
         reason = str(exc)
-        if path.startswith("/"):
+        if given != path:  # name what the client sent, not what was left of it
+            reason = f"file path {given[:80]!r}: {reason}"
+        elif path.startswith("/"):
             reason = (
                 f"file path {path[:80]!r} is absolute outside {wire.WORKDIR}/; give it "
                 f"relative to the sandbox's working directory, or under {wire.WORKDIR}/"
