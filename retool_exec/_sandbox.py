@@ -275,6 +275,8 @@ class Sandbox:
     def _reserve_session(self) -> None:
         if self._closed:
             raise SandboxClosedError("this sandbox is closed")
+        if self.max_sessions == 0:
+            raise SessionLimitError("sessions are off for this Sandbox (max_sessions=0)")
         if len(self._sessions) + self._session_reservations >= self.max_sessions:
             raise SessionLimitError(
                 f"this Sandbox already holds {self.max_sessions} open sessions (max_sessions); "
@@ -580,9 +582,12 @@ class Sandbox:
                 auto_print=self.auto_print if auto_print is None else auto_print,
                 timeout=self.timeout if timeout is None else timeout,
                 memory_mb=memory_mb,
-                stdin=_as_bytes(stdin) if stdin is not None else None,
-                files={path: _as_bytes(data) for path, data in (files or {}).items()},
-                fetch=tuple(fetch),
+                stdin=_as_bytes(stdin, "stdin") if stdin is not None else None,
+                files={
+                    path: _as_bytes(data, f"files[{path!r}]")
+                    for path, data in (files or {}).items()
+                },
+                fetch=_paths(fetch),
                 script=script,
             )
         except ValueError as exc:
@@ -762,14 +767,27 @@ def _by_spelling(
     return files, errors
 
 
-def _as_bytes(data: object) -> bytes:
+def _as_bytes(data: object, what: str) -> bytes:
     """Text is sent as UTF-8 (lone surrogates kept, as Python's own file I/O would); the
-    object's own content, never its methods (``exact_bytes``)."""
+    object's own content, never its methods (``exact_bytes``). ``what`` names the
+    argument in the error (``stdin``, ``files['a.txt']``)."""
     if isinstance(data, str):
         return str.encode(data, "utf-8", "surrogateescape")
     if isinstance(data, bytes | bytearray | memoryview):
         return exact_bytes(data)
-    raise TypeError(f"expected str or bytes, not {type(data).__name__}")
+    raise TypeError(f"{what} must be str or bytes, not {type(data).__name__}")
+
+
+def _paths(fetch: Iterable[str] | None) -> tuple[str, ...]:
+    """``fetch`` as a tuple (its paths are checked by ``RunRequest``; None is none, as
+    ``files=None`` is), or a TypeError that names it (``fetch=5`` said only "'int' object
+    is not iterable")."""
+    if fetch is None:
+        return ()
+    try:
+        return tuple(fetch)
+    except TypeError as exc:
+        raise TypeError(f"fetch must be an iterable of paths, not {type(fetch).__name__}") from exc
 
 
 class SessionContext:

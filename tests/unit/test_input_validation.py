@@ -7,7 +7,7 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from retool_exec import DockerConfig, Outcome, RunRequest, Sandbox
+from retool_exec import DockerConfig, Outcome, RunRequest, Sandbox, SessionLimitError
 from retool_exec._errors import ConfigError
 from retool_exec.backends.docker.agent import wire
 from retool_exec.backends.fake import FakeBackend
@@ -152,3 +152,27 @@ def test_a_path_is_checked_by_its_own_text(where: str) -> None:
     }[where]
     with Sandbox(FakeBackend()) as sandbox, pytest.raises(ConfigError, match="leaves"):
         sandbox.run_code("pass", **arguments)  # type: ignore[arg-type]
+
+
+def test_bad_stdin_files_and_fetch_name_the_argument() -> None:
+    """``stdin=5`` and ``files={"a": None}`` both said only "expected str or bytes, not
+    int", and ``fetch=5`` "'int' object is not iterable" (thirty-seventh round's new-user
+    pass). ``fetch=None`` is no fetch, as ``files=None`` is no files."""
+    with Sandbox(FakeBackend(lambda _request: "1\n")) as sandbox:
+        with pytest.raises(TypeError, match=r"^stdin must be str or bytes, not int"):
+            sandbox.run_code("print(1)", stdin=5)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"^files\['a'\] must be str or bytes, not NoneType"):
+            sandbox.run_code("print(1)", files={"a": None})  # type: ignore[dict-item]
+        with pytest.raises(TypeError, match=r"^fetch must be an iterable of paths, not int"):
+            sandbox.run_code("print(1)", fetch=5)  # type: ignore[arg-type]
+        assert sandbox.run_code("print(1)", fetch=None).ok  # type: ignore[arg-type]
+
+
+def test_sessions_turned_off_say_so() -> None:
+    """``max_sessions=0`` said the Sandbox "already holds 0 open sessions ... close some
+    first" (thirty-seventh round's new-user pass)."""
+    with (
+        Sandbox(FakeBackend(), max_sessions=0) as sandbox,
+        pytest.raises(SessionLimitError, match=r"sessions are off .*max_sessions=0"),
+    ):
+        sandbox.open_session()
