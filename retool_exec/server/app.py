@@ -29,6 +29,8 @@ one clear sentence instead of a framework error.
 from __future__ import annotations
 
 import contextlib
+import json
+import re
 from collections.abc import AsyncIterator, Collection
 from typing import Any, TypeVar
 
@@ -332,10 +334,38 @@ def _doubled_endpoint(path: str, endpoints: Collection[str]) -> tuple[str, str] 
     return None
 
 
+def _with_lone_surrogates(model: type[M], raw: bytes) -> M | None:
+    """``model`` from a body whose only fault is a lone-surrogate escape, else None.
+
+    Why: Python's ``json.dumps`` writes a string holding a lone surrogate as
+    ``"\ud800"``, and SandboxFusion (``json.loads`` under FastAPI) takes it; pydantic's
+    parser refused it as "unexpected end of hex escape", a 400 that sent clients to look
+    for broken JSON (thirty-seventh round's new-user pass). Such code then fails as it
+    would through the Python API (``UnicodeEncodeError``); in stdin it becomes ``?``
+    (``service``'s encoding). ``NaN`` and ``Infinity``, which ``json.loads`` would take,
+    stay refused.
+    """
+    if not _SURROGATE_ESCAPE.search(raw):
+        return None
+    try:
+        data = json.loads(raw, parse_constant=_no_constant)
+    except ValueError:  # (UnicodeDecodeError and JSONDecodeError too)
+        return None
+    return model.model_validate(data)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 class _InvalidBody(RequestRejected):
     def __init__(self, message: str, *, status: int, errors: list[dict[str, Any]]) -> None:
         super().__init__(message, status=status)
         self.errors = errors
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+"""A ``\ud800``-``\udfff`` escape: what ``json.dumps`` writes for a lone surrogate."""
 
 
 def _parse(model: type[M], raw: bytes) -> M:
@@ -343,21 +373,36 @@ def _parse(model: type[M], raw: bytes) -> M:
     try:
         return model.model_validate_json(raw)
     except ValidationError as exc:
-        errors = [
-            {"loc": list(error["loc"]), "msg": error["msg"], "type": error["type"]}
-            for error in exc.errors(include_url=False, include_input=False)
-        ]
-        if any(error["type"] == "json_invalid" for error in errors):
-            reason = errors[0]["msg"] if raw.strip() else "the body is empty"
-            raise _InvalidBody(
-                f"the request body is not valid JSON: {reason}", status=400, errors=errors
-            ) from exc
-        parts = [
-            f"{'.'.join(str(part) for part in error['loc']) or 'body'}: {error['msg']}"
-            for error in errors[:_MAX_REPORTED_ERRORS]
-        ]
-        message = f"invalid {model.__name__}: " + "; ".join(parts)
-        raise _InvalidBody(message, status=422, errors=errors) from exc
+        errors = _errors(exc)
+        if not any(error["type"] == "json_invalid" for error in errors):
+            raise _invalid(model, errors) from exc
+        try:
+            lenient = _with_lone_surrogates(model, raw)
+        except ValidationError as shape:  # valid JSON after all, of the wrong shape
+            raise _invalid(model, _errors(shape)) from shape
+        if lenient is not None:
+            return lenient
+        reason = errors[0]["msg"] if raw.strip() else "the body is empty"
+        raise _InvalidBody(
+            f"the request body is not valid JSON: {reason}", status=400, errors=errors
+        ) from exc
+
+
+def _errors(exc: ValidationError) -> list[dict[str, Any]]:
+    return [
+        {"loc": list(error["loc"]), "msg": error["msg"], "type": error["type"]}
+        for error in exc.errors(include_url=False, include_input=False)
+    ]
+
+
+def _invalid(model: type[BaseModel], errors: list[dict[str, Any]]) -> _InvalidBody:
+    """The 422 for a body of the wrong shape, its first errors in one line."""
+    parts = [
+        f"{'.'.join(str(part) for part in error['loc']) or 'body'}: {error['msg']}"
+        for error in errors[:_MAX_REPORTED_ERRORS]
+    ]
+    message = f"invalid {model.__name__}: " + "; ".join(parts)
+    return _InvalidBody(message, status=422, errors=errors)
 
 
 def _answer(response: RunCodeResponse | RunJupyterResponse, outcome: Outcome) -> Response:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -35,6 +36,40 @@ def test_malformed_json_is_400(local_url: str, client: httpx.Client, raw: bytes)
     )
     assert response.status_code == 400
     assert response.json()["detail"].startswith("the request body is not valid JSON")
+    still_serving(local_url, client)
+
+
+def test_lone_surrogate_escapes_are_read_as_python_writes_them(
+    local_url: str, client: httpx.Client
+) -> None:
+    """``json.dumps`` writes a lone surrogate as ``"\\ud800"`` and SandboxFusion reads it;
+    this server answered 400 "not valid JSON: unexpected end of hex escape" (thirty-seventh
+    round's new-user pass). The code then fails as through the Python API; in the stdin
+    the server makes it ``?`` (it encodes stdin with ``replace``). NaN stays refused, and
+    a wrong shape is still a 422."""
+    surrogate = "\ud800"
+    body = json.dumps({"code": f"x = {surrogate!r}\nprint(len(x))\nprint(x)"})
+    assert "\\ud800" in body
+    response = client.post(
+        f"{local_url}/run_code", content=body, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 200, response.text
+    result = response.json()["run_result"]
+    assert result["stdout"] == "1\n"
+    assert "UnicodeEncodeError" in result["stderr"]
+    read = json.dumps({"code": "import sys; print(sys.stdin.buffer.read())", "stdin": surrogate})
+    response = client.post(
+        f"{local_url}/run_code", content=read, headers={"content-type": "application/json"}
+    )
+    assert response.json()["run_result"]["stdout"] == "b'?'\n"
+    for refused, status in (
+        (json.dumps({"code": surrogate, "run_timeout": float("nan")}), 400),
+        (json.dumps({"code": surrogate, "run_timeout": "soon"}), 422),
+    ):
+        response = client.post(
+            f"{local_url}/run_code", content=refused, headers={"content-type": "application/json"}
+        )
+        assert response.status_code == status, response.text
     still_serving(local_url, client)
 
 
