@@ -6,12 +6,15 @@ from __future__ import annotations
 import argparse
 import ast
 import inspect
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import retool_exec.doctor
 from retool_exec import DockerConfig, LocalConfig
+from retool_exec.backends.registry import backend_specs
 from retool_exec.cli import build_parser, cmd_audit, main
 from retool_exec.cli._common import UsageError
 from retool_exec.cli.cmd_audit import build_audit_configs, default_backends
@@ -83,6 +86,61 @@ def test_audit_runs_a_case_on_local_with_settings(capsys: pytest.CaptureFixture[
     status = main([*argv, "--quiet"])
     assert status == 0
     assert "out-chat-markers" in capsys.readouterr().out
+
+
+def test_audit_help_names_every_backend_it_leaves_out_by_default(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["audit", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the option's help
+    left_out = [
+        spec.name
+        for spec in backend_specs()
+        if spec.alias_of is None and spec.name not in default_backends()
+    ]
+    assert "ray" in left_out
+    said = re.findall(r"default: every one but aliases, ([\w, -]+?)\)", text)
+    assert len(said) == 2, text  # the option's help and the epilog
+    for words in said:
+        assert sorted(re.split(r", | and ", words)) == sorted(left_out)
+
+
+def _refuse_to_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def fake_run(backends: list[str], cases: list[Any], args: argparse.Namespace) -> Any:
+        pytest.fail("the audit ran before its output paths were checked")
+
+    monkeypatch.setattr(cmd_audit, "_run", fake_run)
+
+
+@pytest.mark.parametrize("flag", ["--json", "--markdown"])
+def test_audit_refuses_an_output_it_cannot_write_before_it_runs(
+    flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _refuse_to_run(monkeypatch)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    for path in ("/proc/x.out", str(tmp_path / "missing" / "x.out"), str(a_file / "x.out")):
+        assert main(["audit", "--backend", "local", "--quiet", flag, path]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1, err
+        assert err.startswith(f"retool-exec audit: {flag} {path}: cannot write it: "), err
+    assert not (tmp_path / "missing").exists()
+
+
+def test_audit_output_checks_leave_no_file_and_keep_an_existing_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _refuse_to_run(monkeypatch)
+    new = tmp_path / "new.json"
+    kept = tmp_path / "kept.json"
+    kept.write_text("keep")
+    for json_path in (new, kept):
+        argv = ["audit", "--backend", "local", "--json", str(json_path), "--markdown", "/proc/x"]
+        assert main(argv) == 2
+        assert "--markdown /proc/x: cannot write it" in capsys.readouterr().err
+    assert not new.exists()
+    assert kept.read_text() == "keep"
 
 
 # -- doctor --------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
 import tomllib
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -44,6 +45,7 @@ __all__ = [
     "backend_list",
     "backend_names_help",
     "build_configs",
+    "check_output_file",
     "parse_set",
     "read_config_file",
     "sigterm_stops_quietly",
@@ -258,3 +260,28 @@ def sigterm_stops_quietly() -> Iterator[Callable[[], None]]:
         yield closing
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def check_output_file(path: Path, flag: str) -> None:
+    """Refuse an output file that cannot be written, before a run of minutes, not after it.
+
+    A device or pipe (``/dev/stdout``) is taken as it is: opening a pipe waits for its
+    reader.
+    """
+    if path.exists() and not path.is_file() and not path.is_dir():
+        return
+    try:
+        _open_without_writing(path)
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: cannot write it: {exc.strerror or exc}") from exc
+
+
+def _open_without_writing(path: Path) -> None:
+    """Open ``path`` for writing and leave it as it was: a new file is created and
+    removed again, an existing one is opened for appending (never truncated)."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
+    else:
+        path.unlink()

@@ -20,12 +20,19 @@ from retool_exec.cli._common import (
     add_settings_options,
     backend_list,
     build_configs,
+    check_output_file,
 )
 
-__all__ = ["build_audit_configs", "default_backends", "register"]
+__all__ = ["NOT_AUDITED_BY_DEFAULT", "build_audit_configs", "default_backends", "register"]
+
+NOT_AUDITED_BY_DEFAULT = ("ray", "fake")
+"""Backends audited only when named: ``ray`` needs a running cluster (and runs docker-reuse
+containers on each node: audit it with ``--backend ray`` next to one), ``fake`` runs nothing."""
+
+_DEFAULT_BACKENDS_HELP = "every one but aliases, " + " and ".join(NOT_AUDITED_BY_DEFAULT)
 
 _EPILOG = """\
-Backends (--backend NAME; default: every one but aliases and fake):
+Backends (--backend NAME; default: {default_backends}):
 {backends}
 Isolating backends (every docker one) must contain every case; local is the
 seed's subprocess (NOT isolated: exposures are expected) and does not run the
@@ -58,7 +65,10 @@ def register(subparsers: Any) -> None:
             "case, whether the backend contained it."
         ),
         epilog=_EPILOG.format(
-            backends=backend_list(), settings=SETTINGS_HELP, exit_status=EXIT_STATUS_HELP
+            default_backends=_DEFAULT_BACKENDS_HELP,
+            backends=backend_list(),
+            settings=SETTINGS_HELP,
+            exit_status=EXIT_STATUS_HELP,
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -67,7 +77,7 @@ def register(subparsers: Any) -> None:
         action="append",
         default=None,
         metavar="NAME",
-        help="backend to audit (repeatable; default: every one but aliases and fake)",
+        help=f"backend to audit (repeatable; default: {_DEFAULT_BACKENDS_HELP})",
     )
     parser.add_argument(
         "--case", action="append", default=None, metavar="ID", help="only this case"
@@ -97,13 +107,11 @@ def register(subparsers: Any) -> None:
 
 
 def default_backends() -> list[str]:
-    """Every backend of the table but aliases, ``fake`` (which runs nothing) and ``ray``
-    (it needs a running cluster, and runs docker-reuse containers on each node: audit it
-    with ``--backend ray`` next to one)."""
+    """Every backend of the table but aliases and ``NOT_AUDITED_BY_DEFAULT``."""
     return [
         spec.name
         for spec in backend_specs()
-        if spec.alias_of is None and spec.name not in ("fake", "ray")
+        if spec.alias_of is None and spec.name not in NOT_AUDITED_BY_DEFAULT
     ]
 
 
@@ -164,6 +172,9 @@ def _handle(args: argparse.Namespace) -> int:
     if args.timeout is not None and not 0 < args.timeout <= 600:
         raise UsageError("--timeout must be in (0, 600]")
     build_audit_configs(backends, args)  # settings are checked before anything starts
+    for flag, path in (("--json", args.json), ("--markdown", args.markdown)):
+        if path is not None:
+            check_output_file(path, flag)  # before the run, not after it
     audit = asyncio.run(_run(backends, cases, args))
     from retool_exec.security.scorecard import render_markdown, render_text, to_json
 

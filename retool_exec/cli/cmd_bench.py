@@ -17,6 +17,7 @@ from retool_exec.cli._common import (
     add_settings_options,
     backend_list,
     build_configs,
+    check_output_file,
     user_layers,
 )
 
@@ -161,6 +162,22 @@ def _labels(items: list[str]) -> dict[str, str]:
     return labels
 
 
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Each output file can be written; a missing folder is made, as the writes at the
+    end of the run make it."""
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path is None:
+            continue
+        if not path.parent.exists():  # (a file there is the probe's "Not a directory")
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise UsageError(
+                    f"{flag} {path}: cannot make its folder: {exc.strerror or exc}"
+                ) from exc
+        check_output_file(path, flag)
+
+
 def build_settings(args: argparse.Namespace) -> Any:
     """Settings from the parsed arguments (``--quick`` fills in what was not given)."""
     from retool_exec.bench.backends import bench_config, parse_backends
@@ -174,9 +191,12 @@ def build_settings(args: argparse.Namespace) -> Any:
         return base[name] if value is None else value
 
     backends = parse_backends(args.backends)
-    workloads = select_workloads(
-        [w.strip() for w in args.workloads.split(",") if w.strip()] if args.workloads else None
-    )
+    try:
+        workloads = select_workloads(
+            [w.strip() for w in args.workloads.split(",") if w.strip()] if args.workloads else None
+        )
+    except ValueError as exc:
+        raise UsageError(f"--workloads: {exc}") from exc
     concurrency = _ints(pick("concurrency"), "concurrency")
     counts = {
         name: pick(name)
@@ -250,6 +270,7 @@ def _handle(args: argparse.Namespace) -> int:
             require_matplotlib()
         except MatplotlibMissingError as exc:
             raise UsageError(str(exc)) from exc
+    _check_outputs(args)
     progress = Progress(planned_calls(settings, workloads), enabled=not args.no_progress)
     result = asyncio.run(
         run_bench(

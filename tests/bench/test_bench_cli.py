@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from retool_exec.bench import runner
 from retool_exec.bench.workloads import WORKLOADS
 from retool_exec.cli import main
 from tests.conftest import LABELS, require_docker
@@ -143,3 +144,56 @@ def test_plot_without_matplotlib_says_what_to_install(
 def test_bench_rejects_an_unknown_backend(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--backends", "local,nope"]) == 2
     assert "unknown backend" in capsys.readouterr().err
+
+
+def test_bench_rejects_an_unknown_workload(capsys: pytest.CaptureFixture[str]) -> None:
+    """As --backends nope: one line naming the bad and the known ones, status 2 (not 1,
+    which says a target FAILED)."""
+    assert main(["bench", "--backends", "local", "--workloads", "print,nope"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "unknown workload(s) nope" in err
+    assert "choose from " + ", ".join(w.name for w in WORKLOADS) in err
+
+
+def _refuse_to_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def run_bench(*_: object, **__: object) -> None:
+        pytest.fail("the benchmark ran before its output paths were checked")
+
+    monkeypatch.setattr(runner, "run_bench", run_bench)
+
+
+@pytest.mark.parametrize("flag", ["--json", "--plot"])
+def test_bench_refuses_an_output_it_cannot_write_before_it_runs(
+    flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if flag == "--plot" and not HAVE_MATPLOTLIB:
+        pytest.skip("--plot needs matplotlib")
+    _refuse_to_run(monkeypatch)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    for path in ("/proc/x.out", str(a_file / "x.out"), str(tmp_path)):
+        assert main(["bench", "--backends", "local", "--no-progress", flag, path]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1, err
+        assert err.startswith(f"retool-exec bench: {flag} {path}: cannot write it: "), err
+
+
+def test_bench_output_checks_leave_no_file_and_keep_an_existing_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check writes nothing: a new path is not left behind as an empty file when the
+    run stops, and an existing one is not truncated; a missing folder is made, as the
+    writes at the end always did."""
+    if not HAVE_MATPLOTLIB:
+        pytest.skip("--plot needs matplotlib")
+    _refuse_to_run(monkeypatch)
+    new = tmp_path / "made" / "new.json"
+    kept = tmp_path / "kept.json"
+    kept.write_text("keep")
+    for json_path in (new, kept):
+        argv = ["bench", "--backends", "local", "--json", str(json_path), "--plot", "/proc/x.png"]
+        assert main(argv) == 2
+        assert "--plot /proc/x.png: cannot write it" in capsys.readouterr().err
+    assert not new.exists() and new.parent.is_dir()
+    assert kept.read_text() == "keep"
