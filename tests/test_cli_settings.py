@@ -299,6 +299,21 @@ def test_run_reads_a_file_with_a_bom_and_stdin(tmp_path: Path) -> None:
     assert cli("run", "-", stdin="print(1 + 1)\n").stdout == "2\n"
 
 
+def test_run_file_sees_its_own_name_as_under_python(tmp_path: Path) -> None:
+    """``__file__`` and ``sys.argv[0]`` name the program's copy in the sandbox's working
+    directory, by the file's own name; ``-c`` and ``-`` still see ``['-c']``."""
+    path = tmp_path / "prog.py"
+    path.write_text(
+        "import os, sys\n"
+        "print(os.path.basename(__file__), sys.argv[0] == __file__, len(sys.argv))\n"
+    )
+    done = cli("run", str(path))
+    assert (done.returncode, done.stdout, done.stderr) == (0, "prog.py True 1\n", "")
+    argv = "import sys; print(sys.argv, '__file__' in globals())"
+    assert cli("run", "-c", argv).stdout == "['-c'] False\n"
+    assert cli("run", "-", stdin=argv).stdout == "['-c'] False\n"
+
+
 def test_run_without_a_program_says_what_to_give() -> None:
     done = cli("run")
     assert done.returncode == EXIT_USAGE

@@ -20,7 +20,14 @@ from retool_exec.cli._common import (
 )
 from retool_exec.cli._terminal import write_untrusted
 
-__all__ = ["EXIT_STATUS", "ONE_OFF_DEFAULTS", "exit_status", "read_code", "register"]
+__all__ = [
+    "EXIT_STATUS",
+    "ONE_OFF_DEFAULTS",
+    "exit_status",
+    "read_code",
+    "register",
+    "script_name",
+]
 
 EXIT_STATUS = {
     Outcome.SUCCESS: 0,
@@ -44,7 +51,10 @@ def _epilog() -> str:
     return f"""\
 Like python: FILE is a program (read as UTF-8, a BOM allowed), - reads the
 program from standard input, and -c CODE runs CODE. A FILE that does not
-exist is an error, never run as code.
+exist is an error, never run as code. FILE runs as a copy in the sandbox's
+working directory, under its own name: __file__ and sys.argv[0] name that
+copy (the files beside FILE are not copied). With - or -c, sys.argv is
+['-c'] and there is no __file__.
 
 Backends (--backend NAME, default local):
 {backend_list()}
@@ -118,6 +128,14 @@ def read_code(file: str | None, code: str | None, stdin: BinaryIO | None = None)
     return _decode(data, repr(file))
 
 
+def script_name(file: str | None) -> str | None:
+    """The name a FILE runs under in the sandbox, as ``python FILE`` gives it ``__file__``
+    and ``sys.argv[0]``; None for ``-`` and ``-c`` (run as ``python -c``)."""
+    if file is None or file == "-":
+        return None
+    return Path(file).name
+
+
 def exit_status(result: ExecResult) -> int:
     """The process exit status for a result's outcome (see ``--help``)."""
     status = EXIT_STATUS[result.outcome]
@@ -159,7 +177,7 @@ def _handle(args: argparse.Namespace) -> int:
     config = build_config(args)
     with Sandbox(config, timeout=args.timeout, auto_print=args.auto_print) as sandbox:
         _start(sandbox, config, sys.stderr)
-        result = sandbox.run_code(code)
+        result = sandbox.run_code(code, script=script_name(args.file))
         text = (
             result.model_dump_json(indent=2) if args.json else sandbox.format_tool_content(result)
         )
