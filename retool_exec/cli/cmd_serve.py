@@ -45,6 +45,7 @@ __all__ = [
     "TOKEN_ENV",
     "bind_socket",
     "build_config",
+    "check_limits",
     "is_loopback",
     "max_connections",
     "register",
@@ -230,7 +231,22 @@ def _grace_seconds(text: str) -> float:
 
 
 def _workers(args: argparse.Namespace) -> int:
-    return int(args.max_concurrency or max(1, os.cpu_count() or 1))
+    if args.max_concurrency is not None:
+        return int(args.max_concurrency)
+    return max(1, os.cpu_count() or 1)
+
+
+def check_limits(args: argparse.Namespace) -> None:
+    """Refuse a limit flag out of range in one line naming it, before anything starts
+    (``--max-concurrency 0`` was the CPU count; the others, pydantic's error on a field)."""
+    if args.max_concurrency is not None and args.max_concurrency < 1:
+        raise UsageError(f"--max-concurrency must be at least 1, got {args.max_concurrency}")
+    if args.max_queue < 0:
+        raise UsageError(f"--max-queue must be at least 0, got {args.max_queue}")
+    if not (math.isfinite(args.queue_timeout) and args.queue_timeout > 0):
+        raise UsageError(
+            f"--queue-timeout must be a finite number of seconds above 0, got {args.queue_timeout}"
+        )
 
 
 def build_config(args: argparse.Namespace) -> BackendConfigBase:
@@ -302,6 +318,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 def _handle(args: argparse.Namespace) -> int:
+    check_limits(args)
     try:
         import uvicorn
 

@@ -68,6 +68,39 @@ def test_the_shutdown_grace_is_a_flag(capsys: pytest.CaptureFixture[str]) -> Non
 
 
 @pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--max-concurrency", "0"),
+        ("--max-concurrency", "-2"),
+        ("--max-queue", "-1"),
+        ("--queue-timeout", "0"),
+        ("--queue-timeout", "-1"),
+        ("--queue-timeout", "inf"),
+        ("--queue-timeout", "nan"),
+    ],
+)
+def test_serve_refuses_a_limit_out_of_range(
+    flag: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One line naming the flag, before anything starts (``--max-concurrency 0`` was the
+    CPU count). ``--port 70000``: a value let through stops the command there instead."""
+    assert main(["serve", "--backend", "fake", "--port", "70000", flag, value]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"retool-exec serve: {flag} must be "), err
+    assert value in err
+
+
+def test_serve_takes_the_edges_of_its_limits(capsys: pytest.CaptureFixture[str]) -> None:
+    limits = ["--max-concurrency", "1", "--max-queue", "0", "--queue-timeout", "0.5"]
+    config = build_config(build_parser().parse_args(["serve", *limits]))
+    assert isinstance(config, DockerConfig) and config.pool_size == 1
+    # Let through, they stop the command at the bad port instead.
+    assert main(["serve", "--backend", "fake", "--port", "70000", *limits]) == 2
+    assert "--port must be between 0 and 65535" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
     ("host", "loopback"),
     [
         ("127.0.0.1", True),
