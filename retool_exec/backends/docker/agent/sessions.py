@@ -201,6 +201,13 @@ def fork_session(sid: int, new_sid: int) -> dict[str, Any]:
         remove_workdir(new_sid)  # what a copy that failed had copied (a late one's stays)
         if said is not None:
             return _refused(new_sid, f"the fork failed: {said}")
+        if pid is None and time.monotonic() >= give_up:
+            return _refused(
+                new_sid,
+                f"the fork's copy did not start within {START_BUDGET:g} s (a large working "
+                "directory to copy, a slow at-fork hook, or the container short of memory "
+                "or processes)",
+            )
         return _refused(new_sid, "the fork did not start (out of memory or processes?)")
     sv.watch(pid)  # nothing is reaped between the fork and here: it is not reaped yet
     copy.pid = pid
