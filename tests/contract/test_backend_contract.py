@@ -665,6 +665,22 @@ class TestBackendContract:
         )
         assert sandbox.run_code(code, files=startup).stdout == "True 5 True\n"
 
+    def test_a_module_named_agent_is_the_calls_own(self, sandbox: Sandbox) -> None:
+        """The Docker zygote held its own package as ``agent``: an uploaded ``agent.py``,
+        a common name in tool-use code, lost to it (``ImportError: cannot import name
+        'solve'``), and ``import agent`` gave the agent's modules where python3 finds none
+        (thirty-seventh round)."""
+        files = {"agent.py": b"def solve(x):\n    return x * 2\n"}
+        result = sandbox.run_code("from agent import solve\nprint(solve(21))", files=files)
+        assert result.stdout == "42\n", result
+        package = {"agent/__init__.py": b"MARK = 'package'\n"}
+        result = sandbox.run_code("import agent\nprint(agent.MARK)", files=package)
+        assert result.stdout == "package\n", result
+        alone = sandbox.run_code(
+            "try:\n    import agent\nexcept ModuleNotFoundError:\n    print('none')"
+        )
+        assert alone.stdout == "none\n", alone
+
     def test_a_script_in_a_folder_imports_from_its_folder_first(self, sandbox: Sandbox) -> None:
         """As ``python3 sub/main.py``: the script's directory is first on ``sys.path``.
         Its neighbours ``sub/random.py`` and ``sub/numpy/__init__.py`` lost to the

@@ -23,6 +23,7 @@ import pytest
 
 from retool_exec.backends.docker import image as image_mod
 from retool_exec.backends.docker import image_inputs
+from retool_exec.backends.docker.agent import wire
 from retool_exec.backends.docker.image import ImageInfo
 from retool_exec.backends.docker.image_inputs import AGENT_LAUNCHER, ImageBuildError
 
@@ -64,7 +65,12 @@ def test_the_agent_zipapp_is_reproducible_and_holds_every_module() -> None:
     first, second = image_inputs.agent_zipapp(), image_inputs.agent_zipapp()
     assert first == second
     names = set(zipfile.ZipFile(io.BytesIO(first)).namelist())
-    assert {"__main__.py", "agent/wire.py", "agent/supervisor.py", "agent/zygote.py"} <= names
+    package = wire.AGENT_PACKAGE
+    assert {
+        "__main__.py",
+        *(f"{package}/{name}.py" for name in ("wire", "supervisor", "zygote")),
+    } <= names
+    assert not any(name.startswith("agent/") for name in names)  # a call's agent.py is its own
 
 
 def test_tag_changes_with_the_format_version(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -257,8 +263,8 @@ def test_agent_is_the_packaged_one_read_only_to_nobody(
         "magic = {n: archive.read(n)[:4] == importlib.util.MAGIC_NUMBER"
         " for n in archive.namelist() if n.endswith('.pyc')}\n"
         "sys.path.insert(0, p)\n"
-        "import agent.supervisor\n"
-        "print(json.dumps([sources, magic, agent.supervisor.__file__,"
+        f"import {wire.AGENT_PACKAGE}.supervisor as supervisor\n"
+        "print(json.dumps([sources, magic, supervisor.__file__,"
         " oct(stat.S_IMODE(st.st_mode)), st.st_uid, st.st_gid, os.access(p, os.W_OK),"
         " os.path.isdir('/tmp')]))\n"
     )
@@ -272,7 +278,7 @@ def test_agent_is_the_packaged_one_read_only_to_nobody(
         name: hashlib.sha256(packaged.read(name)).hexdigest() for name in packaged.namelist()
     }
     assert magic == {f"{name}c": True for name in sources}
-    assert loaded_from == "/opt/retool_exec/agent.pyz/agent/supervisor.pyc"
+    assert loaded_from == f"/opt/retool_exec/agent.pyz/{wire.AGENT_PACKAGE}/supervisor.pyc"
     assert rest == ["0o644", 0, 0, False, True]
 
 

@@ -83,10 +83,10 @@ with zipfile.ZipFile(io.BytesIO(blob)) as archive:
 del blob
 class _AgentFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, name, path, target=None):
-        if name != "agent" and not name.startswith("agent."):
+        if name != %(package)r and not name.startswith(%(package)r + "."):
             return None
-        package = name == "agent"
-        key = "agent/__init__.py" if package else name.replace(".", "/") + ".py"
+        package = name == %(package)r
+        key = %(package)r + "/__init__.py" if package else name.replace(".", "/") + ".py"
         if key not in members:
             return None
         return importlib.util.spec_from_loader(
@@ -98,7 +98,7 @@ class _AgentFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         source = members[origin[len("agent.pyz/"):]]
         exec(compile(source, origin, "exec"), module.__dict__)
 sys.meta_path.insert(0, _AgentFinder())
-from agent.supervisor import main
+from %(package)s.supervisor import main
 sys.exit(main(["agent.pyz"] + sys.argv[1:], _pythons_own))
 """
 
@@ -122,6 +122,7 @@ def bootstrap_command(zipapp: bytes, keep_env: Iterable[str]) -> list[str]:
         "digest": hashlib.sha256(zipapp).hexdigest(),
         "keep_env": sorted(set(keep_env)),
         "stdlib": _STDLIB,
+        "package": wire.AGENT_PACKAGE,
     }
     return [*BOOTSTRAP_ENTRYPOINT, source]
 

@@ -68,7 +68,7 @@ AGENT_LAUNCHER = (
     "import sys\n"
     "own = frozenset(sys.modules)\n"
     f"sys.path.insert(0, {AGENT_PATH_IN_IMAGE!r})\n"
-    "from agent.supervisor import main\n"
+    f"from {wire.AGENT_PACKAGE}.supervisor import main\n"
     "sys.exit(main(sys.path[:1] + sys.argv[1:], own))\n"
 )
 """The container's PID 1: the agent package imported from its archive, after noting the
@@ -97,7 +97,9 @@ def image_files_dir() -> Path:
     return _HERE / "image_files"
 
 
-_ZIPAPP_MAIN = b"import sys\nfrom agent.supervisor import main\nsys.exit(main(sys.argv))\n"
+_ZIPAPP_MAIN = (
+    f"import sys\nfrom {wire.AGENT_PACKAGE}.supervisor import main\nsys.exit(main(sys.argv))\n"
+).encode()
 """The archive's own entry (``python3 agent.pyz``, by hand): not the container's, which
 is ``AGENT_LAUNCHER``. Started so, python3's modules are not known, and no module the
 zygote holds gives way to a call's upload (``zygote.Setup.pythons_own``)."""
@@ -116,7 +118,10 @@ def agent_zipapp() -> bytes:
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
         members = [("__main__.py", _ZIPAPP_MAIN)]
-        members += [(f"agent/{path.name}", path.read_bytes()) for path in agent_source_paths()]
+        members += [
+            (f"{wire.AGENT_PACKAGE}/{path.name}", path.read_bytes())
+            for path in agent_source_paths()
+        ]
         for name, data in members:
             info = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
             info.external_attr = 0o644 << 16

@@ -302,6 +302,12 @@ the supervisor kills a call's processes as their own uid, which spares the zygot
 AGENT_DIR = "/opt/retool_exec"
 AGENT_PATH = f"{AGENT_DIR}/agent.pyz"
 """The agent zipapp in the image (run with ``python3 -I -B``)."""
+AGENT_PACKAGE = "_retool_exec_agent"
+"""The agent's package name inside its zipapp. Why not ``agent`` (the source folder's
+name): the zygote holds the package, so a call's own ``agent.py``, a common name in
+tool-use code, lost to it (``from agent import solve``: ImportError) and ``import
+agent`` gave the agent's modules where python3 says there is none (thirty-seventh
+round). A call's code is not expected to use this name."""
 WORKDIR = "/tmp"
 """Every call's working directory; uploaded files land here, fetched ones are read here."""
 SCRATCH_DIRS = ("/tmp", "/dev/shm")
