@@ -506,7 +506,7 @@ def _retool_session():
         # A fork's copy draws its own numbers from the libraries' generators (those in
         # a module's namespace: numpy's global, sympy's), as CPython reseeds random's;
         # one the session's code holds in __main__ keeps its state. The agent's
-        # generators.of_a_copy does the same in a Docker fork.
+        # generators.OfASession does the same in a Docker fork.
         import random
         kinds = [random.Random]
         numpy = sys.modules.get('numpy')

@@ -26,7 +26,7 @@ worse failure. The image's libraries seed none of theirs (sympy's, numpy's
 and Python's are all ``Random()``-style, as a fresh interpreter has them).
 
 A session's fork is a copy too: its copy reseeds the libraries' generators
-(``of_a_copy``), as CPython's own at-fork hook reseeds ``random``'s, so that
+(``OfASession``), as CPython's own at-fork hook reseeds ``random``'s, so that
 branches of one session do not draw the same numbers (thirty-seventh round:
 two forks and their parent drew alike from numpy and sympy). A generator the
 session's code holds in ``__main__`` (``rng = default_rng(42)``) is its own
@@ -73,22 +73,40 @@ def find() -> list[Any]:
     return generators
 
 
-def of_a_copy(known: list[Any], modules_known: frozenset[str]) -> list[Any]:
-    """``known`` (the zygote's, ``find``) and those in the namespace of every module
-    imported since (``modules_known`` are the zygote's), but ``__main__``'s."""
-    kinds = (_random.Random, *_numpy_kinds())
-    found = {id(generator): generator for generator in known}
-    for name, module in list(sys.modules.items()):
-        if type(name) is not str or name == "__main__" or name in modules_known:
-            continue
-        namespace = getattr(module, "__dict__", None)
-        if type(namespace) is not dict:
-            continue
-        for value in list(namespace.values()):  # by type: no ``__class__`` of the code's runs
-            if issubclass(type(value), kinds) and not issubclass(type(value), random.SystemRandom):
-                found.setdefault(id(value), value)
-    owned = {id(_owned_bit_generator(obj)) for obj in found.values()}
-    return [obj for key, obj in found.items() if key not in owned]
+class OfASession:
+    """The generators a session's forks reseed: ``known`` (the zygote's, ``find``) and
+    those in the namespace of every module imported since, but ``__main__``'s.
+
+    Looked for in the session's own process before each fork, each module once
+    (``update``): the copy only reseeds. Why: scanned in every copy, the ~1,000
+    modules of numpy and sympy imported by a cell took ~3 ms a fork, each namespace's
+    values written (their reference counts) on pages the copy then had to copy.
+    """
+
+    def __init__(self, known: list[Any], modules_known: frozenset[str]) -> None:
+        self.found = {id(generator): generator for generator in known}
+        self.seen = set(modules_known)
+        self.seen.add("__main__")
+
+    def update(self) -> None:
+        """Look in the modules imported since the last look."""
+        kinds = (_random.Random, *_numpy_kinds())
+        for name, module in list(sys.modules.items()):
+            if type(name) is not str or name in self.seen:
+                continue
+            self.seen.add(name)
+            namespace = getattr(module, "__dict__", None)
+            if type(namespace) is not dict:
+                continue
+            for value in list(namespace.values()):  # by type: no ``__class__`` of the code's
+                kind = type(value)
+                if issubclass(kind, kinds) and not issubclass(kind, random.SystemRandom):
+                    self.found.setdefault(id(value), value)
+
+    def chosen(self) -> list[Any]:
+        """What to reseed: each generator once (a numpy one, not its bit generator too)."""
+        owned = {id(_owned_bit_generator(obj)) for obj in self.found.values()}
+        return [obj for key, obj in self.found.items() if key not in owned]
 
 
 def reseed(generators: list[Any]) -> None:

@@ -1947,8 +1947,9 @@ def run_session(request_sock: socket.socket) -> int:
             _one_cell(code, namespace, index, token, hooks, caps=wire.text_caps(message))
             index += 1
         elif kind == "fork" and len(fds) == 2:
+            chosen = _generators_to_reseed()
             if _fork_session(*fds):
-                _reseed_copy()
+                _reseed_copy(chosen)
                 try:  # the copy's files are its own: a copy of the directory, in a new one
                     _enter_workdir(str(message.get("workdir")), copy_from=_Workdir.path)
                 except (OSError, ValueError, trees.TooLarge) as exc:
@@ -1960,15 +1961,29 @@ def run_session(request_sock: socket.socket) -> int:
                 os.close(fd)
 
 
-def _reseed_copy() -> None:
+class _SessionGenerators:
+    """This session's ``generators.OfASession``, made at its first fork."""
+
+    found: generators.OfASession | None = None
+
+
+def _generators_to_reseed() -> list[Any]:
+    """The generators a fork's copy reseeds, looked for here, before the fork; none if
+    the session's code broke the look (its modules are its own: anything can be there)."""
+    try:
+        if _SessionGenerators.found is None:
+            _SessionGenerators.found = generators.OfASession(Setup.generators, Setup.module_names)
+        _SessionGenerators.found.update()
+        return _SessionGenerators.found.chosen()
+    except Exception:
+        return list(Setup.generators)
+
+
+def _reseed_copy(chosen: list[Any]) -> None:
     """New states for the libraries' random generators in a fork's copy (``generators``).
 
     A generator that cannot take one is the session's code's doing (it replaced or
     broke it): its branches then share that one, and the fork goes on."""
-    try:
-        chosen = generators.of_a_copy(Setup.generators, Setup.module_names)
-    except Exception:  # (the code's modules are its own: a namespace can be anything)
-        return
     for generator in chosen:
         try:
             generators.reseed([generator])
