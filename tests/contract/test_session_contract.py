@@ -611,6 +611,40 @@ class TestSessionContract:
             )
             assert shown(gone) == "[False, False]", gone
 
+    def test_a_fork_lost_in_a_cell_ends_the_processes_it_started(self, sandbox: Sandbox) -> None:
+        """A cell that ignored its interrupt was killed alone, its children orphaned to the
+        supervisor and lost to its tree: they ran on in the family (the review of the
+        thirty-seventh round). The parent lives on."""
+        with sandbox.session() as session:
+            session.run_code("import os, subprocess, sys, time")
+            branch = session.fork()
+            started = branch.run_code(
+                "child = subprocess.Popen([sys.executable, '-c', 'import time; "
+                "time.sleep(600)'])\nprint(child.pid)"
+            )
+            assert started.ok, started
+            pid = int(started.stdout)
+            lost = branch.run_code(
+                "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n"
+                "    pass",
+                timeout=1,
+            )
+            assert lost.detail.startswith("session lost:"), lost
+            branch.close()
+            gone = session.run_code(
+                "def running(pid):\n"
+                "    try:\n"
+                "        with open(f'/proc/{pid}/stat') as handle:\n"
+                "            return handle.read().rpartition(')')[2].split()[0] not in 'ZX'\n"
+                "    except OSError:\n"
+                "        return False\n"
+                "deadline = time.monotonic() + 5\n"
+                f"while running({pid}) and time.monotonic() < deadline:\n"
+                "    time.sleep(0.05)\n"
+                f"running({pid})"
+            )
+            assert shown(gone) == "False", gone
+
     # -- closing -------------------------------------------------------------------------
 
     def test_close_ends_the_session_and_later_use_raises(self, sandbox: Sandbox) -> None:

@@ -189,6 +189,7 @@ def fork_session(sid: int, new_sid: int) -> dict[str, Any]:
     copy = SessionProcess(0, events_r, ours, parent.cpu_seconds)
     give_up = time.monotonic() + START_BUDGET
     pid = _copy_pid(ours, give_up)
+    late = time.monotonic() >= give_up
     if pid is not None and not _adopted(pid, give_up):
         copy.close()
         remove_workdir(new_sid)
@@ -201,7 +202,7 @@ def fork_session(sid: int, new_sid: int) -> dict[str, Any]:
         remove_workdir(new_sid)  # what a copy that failed had copied (a late one's stays)
         if said is not None:
             return _refused(new_sid, f"the fork failed: {said}")
-        if pid is None and time.monotonic() >= give_up:
+        if pid is None and late:
             return _refused(
                 new_sid,
                 f"the fork's copy did not start within {START_BUDGET:g} s (a large working "
@@ -256,13 +257,16 @@ def close_session(sid: int) -> None:
 def end_session(process: SessionProcess) -> None:
     """Kill a session's process and collect its exit status."""
     process.close()  # its request socket closes: it leaves its loop
-    sv.signal_call(process.pid, signal.SIGKILL)
+    if process.pid not in sv.exits:  # reaped, its pid may be another process's by now
+        sv.signal_call(process.pid, signal.SIGKILL)
     _collect(process.pid)
     sv.xcpu_seconds.pop(process.pid, None)
 
 
 TREE_PASSES = 5
 """Listings of ``/proc`` a session's close makes at most while killing its descendants."""
+LOST_REMOVE_BUDGET = 0.2
+"""The same for a session lost in a cell, whose answer the host awaits within its grace."""
 REMOVE_BUDGET = 1.0
 """Seconds a closed session's directory may take to remove; what is left then is the
 family's reset's (every scratch directory is emptied when the family ends)."""
@@ -293,7 +297,11 @@ def end_tree(pid: int) -> None:
 def _tree(root: int) -> set[int]:
     """``root`` and its descendants now, by the parent pid each has in ``/proc``."""
     children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
+    try:
+        entries = os.listdir("/proc")
+    except OSError:  # (out of descriptors or memory): the root alone, as a kill did before
+        return {root}
+    for entry in entries:
         if not entry.isdigit():
             continue
         try:
@@ -310,14 +318,14 @@ def _tree(root: int) -> set[int]:
     return found
 
 
-def remove_workdir(sid: int) -> None:
+def remove_workdir(sid: int, budget: float = REMOVE_BUDGET) -> None:
     """Remove a closed session's working directory, as the calls' uid (whose files are
-    in it), within ``REMOVE_BUDGET``; never raises. Nothing is followed: a link put in
+    in it), within ``budget`` seconds; never raises. Nothing is followed: a link put in
     its place is not opened (``trees``)."""
     path = workdir(sid)
     with identity.acting_as(sv.State.sandbox, sv.State.agent):
         try:
-            if not trees.empty_directory(path, time.monotonic() + REMOVE_BUDGET):
+            if not trees.empty_directory(path, time.monotonic() + budget):
                 os.rmdir(path)
         except (OSError, trees.BudgetExceeded):
             pass
@@ -335,7 +343,7 @@ def _send(
     try:
         sv.send_to_call(process.request, wire.encode_for_call(message), fds, deadline)
     except sv.UnreadFrameError:
-        sv.signal_call(process.pid, signal.SIGKILL)
+        end_tree(process.pid)  # (killed alone, its children would be orphaned: lost to it)
         raise
 
 
@@ -485,7 +493,7 @@ def run_cell(sid: int, request: dict[str, Any]) -> dict[str, Any]:
         _send(process, cell_frame, [out_w, err_w], deadline)
     except TimeoutError:
         undeliverable = True  # it stopped taking cells (its code saw to it): time is up
-        sv.signal_call(process.pid, signal.SIGKILL)
+        end_tree(process.pid)
         process.lost = f"the session's process did not take its cell within {timeout:g} s"
     except OSError as exc:
         process.lost = _lost_reason(exc)
@@ -505,7 +513,7 @@ def run_cell(sid: int, request: dict[str, Any]) -> dict[str, Any]:
         now = time.monotonic()
         if now >= deadline:
             if interrupted:
-                sv.signal_call(process.pid, signal.SIGKILL)
+                end_tree(process.pid)  # with what it started, still its own
                 process.lost = (
                     f"the cell did not stop within {sv.INTERRUPT_GRACE:.0f} s of its "
                     f"{timeout:g} s timeout, so the session was killed"
@@ -562,7 +570,7 @@ def run_cell(sid: int, request: dict[str, Any]) -> dict[str, Any]:
         result["lost"] = process.lost
         table.pop(sid, None)
         process.close()
-        remove_workdir(sid)
+        remove_workdir(sid, LOST_REMOVE_BUDGET)  # the cell's answer is due: the rest later
     else:
         error = sv._errors((cell or {}).get("error"), caps)
         result["returncode"] = 1 if error else 0

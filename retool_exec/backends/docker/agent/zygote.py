@@ -2079,7 +2079,10 @@ def _close_copies_of_channels(keep: tuple[int, ...]) -> None:
         except OSError:
             continue  # (the listing's own descriptor, closed by now)
         if (info.st_dev, info.st_ino) in channels:
-            os.close(fd)
+            try:
+                os.close(fd)
+            except OSError:  # (closed meanwhile by a thread an at-fork hook started)
+                pass
 
 
 def _install_output(fds: list[int]) -> None:
