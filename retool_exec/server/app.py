@@ -349,7 +349,7 @@ def _with_lone_surrogates(model: type[M], raw: bytes) -> M | None:
         return None
     try:
         data = json.loads(raw, parse_constant=_no_constant)
-    except ValueError:  # (UnicodeDecodeError and JSONDecodeError too)
+    except (ValueError, RecursionError):  # (UnicodeDecodeError, JSONDecodeError; deep nesting)
         return None
     return model.model_validate(data)
 
@@ -409,7 +409,19 @@ def _answer(response: RunCodeResponse | RunJupyterResponse, outcome: Outcome) ->
     content = response.model_dump(mode="json")
     if content.get("request_id") is None:
         del content["request_id"]  # echoed only when the client sent one
-    return JSONResponse(content, headers={OUTCOME_HEADER: outcome.value})
+    return _EscapingJSONResponse(content, headers={OUTCOME_HEADER: outcome.value})
+
+
+class _EscapingJSONResponse(JSONResponse):
+    """JSON as Starlette writes it, or, where a text holds a lone surrogate (a
+    ``request_id`` the client sent so, ``_with_lone_surrogates``), with every non-ASCII
+    character escaped: ``"\\ud800"`` back as it came, not a 500 after the code ran."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return json.dumps(content, allow_nan=False, separators=(",", ":")).encode("ascii")
 
 
 def _body(model: type[BaseModel]) -> dict[str, Any]:

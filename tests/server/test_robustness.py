@@ -62,9 +62,17 @@ def test_lone_surrogate_escapes_are_read_as_python_writes_them(
         f"{local_url}/run_code", content=read, headers={"content-type": "application/json"}
     )
     assert response.json()["run_result"]["stdout"] == "b'?'\n"
+    echoed = json.dumps({"code": "print(1)", "request_id": surrogate})
+    response = client.post(
+        f"{local_url}/run_code", content=echoed, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 200, response.text  # was a 500 after the code ran
+    assert response.json()["request_id"] == surrogate
+    deep = '{"code": "\\ud800", "a": ' + "[" * 3000 + "]" * 3000 + "}"
     for refused, status in (
         (json.dumps({"code": surrogate, "run_timeout": float("nan")}), 400),
         (json.dumps({"code": surrogate, "run_timeout": "soon"}), 422),
+        (deep, 400),  # json.loads's RecursionError was a 500
     ):
         response = client.post(
             f"{local_url}/run_code", content=refused, headers={"content-type": "application/json"}
