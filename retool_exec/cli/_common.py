@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import signal
+import stat
 import tomllib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -265,11 +266,10 @@ def sigterm_stops_quietly() -> Iterator[Callable[[], None]]:
 def check_output_file(path: Path, flag: str) -> None:
     """Refuse an output file that cannot be written, before a run of minutes, not after it.
 
-    A device or pipe (``/dev/stdout``) is taken as it is: opening a pipe waits for its
-    reader.
+    A device or pipe (``/dev/stdout``) is taken as it is (opening a pipe waits for its
+    reader), and so is a link to nothing (writing it makes its target). Every error is
+    one line (``UsageError``), a folder that may not be looked in too.
     """
-    if path.exists() and not path.is_file() and not path.is_dir():
-        return
     try:
         _open_without_writing(path)
     except OSError as exc:
@@ -280,8 +280,12 @@ def _open_without_writing(path: Path) -> None:
     """Open ``path`` for writing and leave it as it was: a new file is created and
     removed again, an existing one is opened for appending (never truncated)."""
     try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            return  # a link to nothing: the write will make its target
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
-    except FileExistsError:
-        os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
-    else:
         path.unlink()
+        return
+    if stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode):  # (a folder: EISDIR)
+        os.close(os.open(path, os.O_WRONLY | os.O_APPEND))

@@ -168,13 +168,14 @@ def _check_outputs(args: argparse.Namespace) -> None:
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
         if path is None:
             continue
-        if not path.parent.exists():  # (a file there is the probe's "Not a directory")
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise UsageError(
-                    f"{flag} {path}: cannot make its folder: {exc.strerror or exc}"
-                ) from exc
+        try:  # (a file there is the probe's "Not a directory")
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise UsageError(
+                f"{flag} {path}: cannot make its folder: {exc.strerror or exc}"
+            ) from exc
         check_output_file(path, flag)
 
 

@@ -197,3 +197,18 @@ def test_bench_output_checks_leave_no_file_and_keep_an_existing_one(
         assert "--plot /proc/x.png: cannot write it" in capsys.readouterr().err
     assert not new.exists() and new.parent.is_dir()
     assert kept.read_text() == "keep"
+
+
+def test_an_output_that_is_a_link_to_nothing_or_a_folder_is_judged_as_its_write_would(
+    tmp_path: Path,
+) -> None:
+    """A link to nothing was refused ("No such file or directory") though the write at the
+    end makes its target; a folder is refused in one line (the review of the round)."""
+    from retool_exec.cli._common import UsageError, check_output_file
+
+    link = tmp_path / "out.json"
+    link.symlink_to(tmp_path / "target.json")
+    check_output_file(link, "--json")
+    assert link.is_symlink() and not (tmp_path / "target.json").exists()
+    with pytest.raises(UsageError, match=r"--json .*: cannot write it"):
+        check_output_file(tmp_path, "--json")
