@@ -584,8 +584,7 @@ class Sandbox:
                 memory_mb=memory_mb,
                 stdin=_as_bytes(stdin, "stdin") if stdin is not None else None,
                 files={
-                    path: _as_bytes(data, f"files[{path!r}]")
-                    for path, data in (files or {}).items()
+                    path: _as_bytes(data, "files", path) for path, data in (files or {}).items()
                 },
                 fetch=_paths(fetch),
                 script=script,
@@ -767,14 +766,16 @@ def _by_spelling(
     return files, errors
 
 
-def _as_bytes(data: object, what: str) -> bytes:
+def _as_bytes(data: object, what: str, key: object = None) -> bytes:
     """Text is sent as UTF-8 (lone surrogates kept, as Python's own file I/O would); the
-    object's own content, never its methods (``exact_bytes``). ``what`` names the
-    argument in the error (``stdin``, ``files['a.txt']``)."""
+    object's own content, never its methods (``exact_bytes``). ``what`` (and ``key``, a
+    file's path) name the argument in the error: ``files['a.txt']``."""
     if isinstance(data, str):
         return str.encode(data, "utf-8", "surrogateescape")
     if isinstance(data, bytes | bytearray | memoryview):
         return exact_bytes(data)
+    if isinstance(key, str):
+        what = f"{what}[{str.__repr__(key)}]"  # (the str's own repr, none of a subclass's)
     raise TypeError(f"{what} must be str or bytes, not {type(data).__name__}")
 
 
