@@ -507,8 +507,9 @@ def _retool_session():
         # a module's namespace: numpy's global, sympy's), as CPython reseeds random's;
         # one the session's code holds in __main__ keeps its state. The agent's
         # generators.OfASession does the same in a Docker fork.
+        import _random
         import random
-        kinds = [random.Random]
+        kinds = [_random.Random]
         numpy = sys.modules.get('numpy')
         for name in ('RandomState', 'Generator', 'BitGenerator'):
             kind = getattr(getattr(numpy, 'random', None), name, None)
@@ -525,7 +526,7 @@ def _retool_session():
                 if issubclass(kind, kinds) and not issubclass(kind, random.SystemRandom):
                     found[id(value)] = value
         def inner(each):  # a numpy generator's bit generator (None: it is one, or random's)
-            if isinstance(each, random.Random):
+            if isinstance(each, _random.Random):
                 return None
             return getattr(each, 'bit_generator', None) or getattr(each, '_bit_generator', None)
 
@@ -537,6 +538,8 @@ def _retool_session():
             try:
                 if isinstance(each, random.Random):
                     random.Random.seed(each, seed)
+                elif isinstance(each, _random.Random):
+                    _random.Random.seed(each, seed)
                 else:
                     bits = inner(each)
                     each.__init__(type(bits)(seed) if bits is not None else seed)
