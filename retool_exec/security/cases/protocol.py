@@ -112,9 +112,10 @@ def _nothing_left(obs: Observation) -> bool:
     return [state for _, state in obs.follow_facts()["alive"] if state != "Z"] == []
 
 
-SHADOW_IMPORTS = ("json", "traceback", "struct", "base64", "numpy")
+SHADOW_IMPORTS = ("json", "traceback", "struct", "base64", "numpy", "agent")
 """Uploads the code imports: python3 imports none of them before the code, so it gets the
-uploads (the zygote has imported every one)."""
+uploads (the zygote has imported every one; ``agent`` was the agent's package's own name,
+finding 106)."""
 SHADOW_UPLOADS = (
     *SHADOW_IMPORTS,
     *("select", "selectors", "signal", "hmac", "secrets", "socket", "io", "codecs", "abc"),
@@ -718,7 +719,8 @@ CASES: tuple[Case, ...] = (
         severity=Severity.MEDIUM,
         reference="retool_exec red-team round of 2026-12-07 (thirty-first): the zygote's "
         "modules hid uploads of their names, and taking them out for the code must not hand "
-        "them to the agent's own end of the call (json, traceback, its own modules)",
+        "them to the agent's own end of the call (json, traceback, its own modules); the "
+        "thirty-seventh: an upload named agent.py lost to the agent's package, named agent",
         local=Expect.CONTAINED,
         note="The agent binds what it needs when it is imported; the uploads a call shadows "
         "are taken out of its own process's modules only (zygote.forget_shadowed_preloads).",
