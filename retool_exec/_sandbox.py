@@ -592,6 +592,14 @@ class Sandbox:
         except ValueError as exc:
             raise ConfigError(f"bad call input: {exc}") from exc
 
+    def __reduce__(self) -> Any:
+        """A Sandbox holds threads, sockets and containers: pickling one (to send it to a
+        worker process) said only "cannot pickle '_thread.lock'"."""
+        raise TypeError(
+            "a Sandbox cannot be pickled: pickle the config it was built from (a "
+            "DockerConfig or LocalConfig pickles) and build a Sandbox from it in each worker"
+        )
+
     def _ensure_portal(self) -> LoopThread:
         if os.getpid() != self._owner_pid:
             raise SandboxForkedError(

@@ -355,8 +355,8 @@ class SessionCodeTool:
             )
         self.tool_schema = tool_schema if tool_schema is not None else self.get_openai_tool_schema()
         self.name: str = self.tool_schema.function.name
-        self.timeout = float(self.config.get("timeout", 30.0))
-        memory = self.config.get("memory_mb")
+        self.timeout = _config_number(self.config, "timeout", float, 30.0)
+        memory = _config_number(self.config, "memory_mb", int, None)
         self.memory_mb = None if memory is None else int(memory)
         self._sandbox = sandbox
         self._owns_sandbox = sandbox is None
@@ -616,6 +616,20 @@ class Branches:
     branches: list[list[ExecResult]]
     """One list per continuation, in input order: its cells' results (shorter than its cells
     when its interpreter ended: the cells after that did not run)."""
+
+
+def _config_number(
+    config: Mapping[str, Any], key: str, kind: type[float] | type[int], default: float | None
+) -> float | None:
+    """``config[key]`` as ``kind``, or a ValueError naming the key (``{"timeout": "abc"}``
+    said only "could not convert string to float"; the new-user pass of the round)."""
+    value = config.get(key, default)
+    if value is None:
+        return None
+    try:
+        return kind(value)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"SessionCodeTool config {key!r} must be a number, got {value!r}") from exc
 
 
 def _cells(code: str | Sequence[str]) -> list[str]:

@@ -591,3 +591,12 @@ def test_an_ended_session_forgotten_between_calls_is_closed() -> None:
             return session.lost is not None, closed
 
         assert asyncio.run(calls()) == (True, True)
+
+
+@pytest.mark.parametrize(("key", "given"), [("timeout", "abc"), ("memory_mb", [512])])
+def test_a_session_tool_config_that_is_not_a_number_names_its_key(key: str, given: object) -> None:
+    """``{"timeout": "abc"}`` said only "could not convert string to float" (the new-user
+    pass of the thirty-seventh round)."""
+    with pytest.raises(ValueError, match=rf"config '{key}' must be a number"):
+        SessionCodeTool({key: given})
+    assert SessionCodeTool({"timeout": "12.5", "memory_mb": "256"}).timeout == 12.5

@@ -176,3 +176,15 @@ def test_sessions_turned_off_say_so() -> None:
         pytest.raises(SessionLimitError, match=r"sessions are off .*max_sessions=0"),
     ):
         sandbox.open_session()
+
+
+def test_pickling_a_sandbox_says_what_to_pickle_instead() -> None:
+    """It said only "cannot pickle '_thread.lock'" (the new-user pass of the round)."""
+    import pickle
+
+    with (
+        Sandbox(FakeBackend()) as sandbox,
+        pytest.raises(TypeError, match="pickle the config it was built from"),
+    ):
+        pickle.dumps(sandbox)
+    assert pickle.loads(pickle.dumps(DockerConfig(pool_size=3))).pool_size == 3
