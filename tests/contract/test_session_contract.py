@@ -68,6 +68,24 @@ def value(session: Session, expression: str) -> Any:
     return ast.literal_eval(text)
 
 
+def still_running(pids: list[int]) -> str:
+    """A cell whose value says, for each of ``pids``, whether it still runs (not a zombie)
+    once none does or 5 s have passed (it imports ``os`` and ``time`` itself)."""
+    return (
+        "import time\n"
+        "def running(pid):\n"
+        "    try:\n"
+        "        with open(f'/proc/{pid}/stat') as handle:\n"
+        "            return handle.read().rpartition(')')[2].split()[0] not in 'ZX'\n"
+        "    except OSError:\n"
+        "        return False\n"
+        "deadline = time.monotonic() + 5\n"
+        f"while any(map(running, {pids!r})) and time.monotonic() < deadline:\n"
+        "    time.sleep(0.05)\n"
+        f"[running(pid) for pid in {pids!r}]"
+    )
+
+
 @contextlib.contextmanager
 def own_sandbox(backend_id: str, **options: Any) -> Iterator[Sandbox]:
     """A Sandbox of its own (for settings the shared one must not change), closed after."""
@@ -597,19 +615,7 @@ class TestSessionContract:
             assert started.ok, started
             pids = [int(pid) for pid in started.stdout.split()]
             branch.close()
-            gone = session.run_code(
-                "def running(pid):\n"
-                "    try:\n"
-                "        with open(f'/proc/{pid}/stat') as handle:\n"
-                "            return handle.read().rpartition(')')[2].split()[0] not in 'ZX'\n"
-                "    except OSError:\n"
-                "        return False\n"
-                "deadline = time.monotonic() + 5\n"
-                f"while any(map(running, {pids!r})) and time.monotonic() < deadline:\n"
-                "    time.sleep(0.05)\n"
-                f"[running(pid) for pid in {pids!r}]"
-            )
-            assert shown(gone) == "[False, False]", gone
+            assert shown(session.run_code(still_running(pids))) == "[False, False]"
 
     def test_a_fork_lost_in_a_cell_ends_the_processes_it_started(self, sandbox: Sandbox) -> None:
         """A cell that ignored its interrupt was killed alone, its children orphaned to the
@@ -631,19 +637,7 @@ class TestSessionContract:
             )
             assert lost.detail.startswith("session lost:"), lost
             branch.close()
-            gone = session.run_code(
-                "def running(pid):\n"
-                "    try:\n"
-                "        with open(f'/proc/{pid}/stat') as handle:\n"
-                "            return handle.read().rpartition(')')[2].split()[0] not in 'ZX'\n"
-                "    except OSError:\n"
-                "        return False\n"
-                "deadline = time.monotonic() + 5\n"
-                f"while running({pid}) and time.monotonic() < deadline:\n"
-                "    time.sleep(0.05)\n"
-                f"running({pid})"
-            )
-            assert shown(gone) == "False", gone
+            assert shown(session.run_code(still_running([pid]))) == "[False]"
 
     # -- closing -------------------------------------------------------------------------
 
